@@ -1,0 +1,244 @@
+// The typed config tree: a DeepSpeed JSON file plus polytrain's `trainer`, `model` and `data`
+// sections, parsed and validated once (parse_config). Each component receives only its
+// sub-struct. Parsing/validation live in config.cpp; nothing here includes torch.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace polytrain {
+
+/// DeepSpeed's batch triple, resolved with DeepSpeed's fill-in rules at a world size.
+struct BatchConfig {
+  int64_t train_batch_size = 0;
+  int64_t train_micro_batch_size_per_gpu = 0;
+  int64_t gradient_accumulation_steps = 0;
+  int64_t world_size = 1;  ///< the data-parallel world size the triple was resolved at
+};
+
+/// `optimizer {type, params}`. Names follow DeepSpeed / torch.optim.
+struct OptimizerConfig {
+  std::string type = "AdamW";  ///< Adam, AdamW, Lamb, SGD, Adagrad (case-insensitive in JSON)
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool adam_w_mode = true;     ///< DeepSpeed "Adam": decoupled decay unless adam_w_mode=false
+  bool bias_correction = true; ///< Adam/AdamW/Lamb (Lamb: `debias`)
+  double clamp_value = 10.0;   ///< Lamb trust-ratio clamp (torch_optimizer / hivemind)
+  bool amsgrad = false;
+  double momentum = 0.0;       ///< SGD
+  double dampening = 0.0;      ///< SGD
+  bool nesterov = false;       ///< SGD
+  double lr_decay = 0.0;       ///< Adagrad
+  double initial_accumulator_value = 0.0;  ///< Adagrad
+  /// Parameter names matching any of these substrings get no weight decay.
+  std::vector<std::string> no_decay = {"bias", "LayerNorm", "layer_norm", "ln_"};
+};
+
+/// `scheduler {type, params}` with DeepSpeed's parameter names and defaults.
+struct SchedulerConfig {
+  std::string type;  ///< "" = constant lr; WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest
+  // WarmupLR / WarmupDecayLR
+  double warmup_min_lr = 0.0;
+  double warmup_max_lr = 0.001;
+  int64_t warmup_num_steps = 1000;
+  std::string warmup_type = "log";  ///< "log" or "linear"
+  int64_t total_num_steps = 0;       ///< WarmupDecayLR, WarmupCosineLR (required there)
+  // WarmupCosineLR
+  double warmup_min_ratio = 0.0;
+  double cos_min_ratio = 0.0001;
+  // OneCycle
+  double cycle_min_lr = 0.0;
+  double cycle_max_lr = 0.0;
+  double decay_lr_rate = 0.0;
+  int64_t cycle_first_step_size = 2000;
+  std::optional<int64_t> cycle_second_step_size;  ///< defaults to cycle_first_step_size
+  int64_t cycle_first_stair_count = 0;
+  std::optional<int64_t> cycle_second_stair_count;  ///< defaults to cycle_first_stair_count
+  int64_t decay_step_size = 0;
+  bool cycle_momentum = true;
+  double cycle_min_mom = 0.8;
+  double cycle_max_mom = 0.9;
+  double decay_mom_rate = 0.0;
+  // LRRangeTest
+  double lr_range_test_min_lr = 0.001;
+  int64_t lr_range_test_step_size = 2000;
+  double lr_range_test_step_rate = 1.0;
+  bool lr_range_test_staircase = false;
+};
+
+/// `fp16` block (DeepSpeed semantics; loss_scale 0 = dynamic).
+struct Fp16Config {
+  bool enabled = false;
+  bool auto_cast = false;
+  double loss_scale = 0.0;
+  int initial_scale_power = 16;
+  int64_t loss_scale_window = 1000;
+  int hysteresis = 2;
+  bool consecutive_hysteresis = false;
+  double min_loss_scale = 1.0;
+};
+
+/// `bf16` block.
+struct Bf16Config {
+  bool enabled = false;
+};
+
+/// `zero_optimization` block: all keys parsed and validated now; used by the deepspeed backend.
+struct ZeroOffloadConfig {
+  std::string device = "none";  ///< none, cpu, nvme
+  bool pin_memory = false;
+  std::string nvme_path;
+  int64_t buffer_count = 4;
+  bool fast_init = false;
+  double ratio = 1.0;
+};
+struct ZeroConfig {
+  int stage = 0;
+  bool contiguous_gradients = true;
+  bool overlap_comm = false;
+  bool reduce_scatter = true;
+  int64_t reduce_bucket_size = 500000000;
+  bool allgather_partitions = true;
+  int64_t allgather_bucket_size = 500000000;
+  bool round_robin_gradients = false;
+  bool elastic_checkpoint = false;
+  ZeroOffloadConfig offload_optimizer;
+  ZeroOffloadConfig offload_param;
+  int64_t sub_group_size = 1000000000;
+  int64_t stage3_max_live_parameters = 1000000000;
+  int64_t stage3_max_reuse_distance = 1000000000;
+  int64_t stage3_prefetch_bucket_size = 50000000;
+  int64_t stage3_param_persistence_threshold = 100000;
+  bool stage3_gather_16bit_weights_on_model_save = false;
+  bool ignore_unused_parameters = true;
+  bool legacy_stage1 = false;
+};
+
+/// `activation_checkpointing` block.
+struct ActivationCheckpointingConfig {
+  bool partition_activations = false;
+  bool cpu_checkpointing = false;
+  bool contiguous_memory_optimization = false;
+  std::optional<int64_t> number_checkpoints;
+  bool synchronize_checkpoint_boundary = false;
+  bool profile = false;
+};
+
+/// `tensorboard` / `csv_monitor` blocks.
+struct MonitorConfig {
+  bool enabled = false;
+  std::string output_path;
+  std::string job_name = "DeepSpeedJobName";
+};
+
+/// `model` section: Hugging Face config.json field names (an HF config.json drops in).
+struct ModelConfig {
+  std::string model_type = "bert";  ///< bert, roberta
+  int64_t vocab_size = 30522;
+  int64_t hidden_size = 768;
+  int64_t num_hidden_layers = 12;
+  int64_t num_attention_heads = 12;
+  int64_t intermediate_size = 3072;
+  std::string hidden_act = "gelu";
+  double hidden_dropout_prob = 0.1;
+  double attention_probs_dropout_prob = 0.1;
+  int64_t max_position_embeddings = 512;
+  int64_t type_vocab_size = 2;
+  double layer_norm_eps = 1e-12;
+  double initializer_range = 0.02;
+  int64_t pad_token_id = 0;
+  bool tie_word_embeddings = true;
+  /// Other HF keys (architectures, torch_dtype, ...) kept verbatim for export.
+  nlohmann::json extra = nlohmann::json::object();
+};
+
+/// `data` section: what to read and how to mask it.
+struct DataConfig {
+  std::vector<std::string> train_files;  ///< text files; relative paths resolve against cwd
+  std::string vocab_file;                ///< vocab.txt (one token per line)
+  int64_t max_seq_length = 128;
+  double eval_fraction = 0.05;           ///< share of blocks held out for evaluation
+  double mask_prob = 0.15;
+  double random_replace_prob = 0.1;      ///< of masked positions: replaced by a random token
+  double unmask_replace_prob = 0.1;      ///< of masked positions: left unchanged
+  bool whole_word_mask = false;
+  int64_t eval_batches = 8;              ///< micro-batches per evaluation (0 = whole eval split)
+};
+
+/// FlagAI-style trainer options (`trainer` section; also settable from C++ and CLI flags).
+struct TrainerOptions {
+  std::string env_type = "pytorch";  ///< pytorch, pytorchDDP, deepspeed, deepspeed+mpu, hivemind
+  int64_t epochs = 1;
+  int64_t max_steps = 0;              ///< optimizer steps; 0 = run `epochs` epochs
+  int64_t eval_interval = 100;
+  int64_t log_interval = 10;
+  int64_t save_interval = 0;          ///< 0 = only at the end
+  std::string save_dir;               ///< "" = <experiment dir>/checkpoints
+  std::string load_dir;               ///< resume from the latest checkpoint here
+  std::string experiments_dir = "experiments";
+  std::string experiment_name = "default";
+  std::string exp_type = "train";
+  uint64_t seed = 1234;
+  std::string pytorch_device = "cpu"; ///< cpu, cuda, cuda:N
+  int64_t num_threads = 0;            ///< torch intra-op threads; 0 = leave torch's default
+  bool checkpoint_activations = false;
+  bool save_safetensors = false;      ///< also write model.safetensors next to checkpoints
+  int64_t keep_last = 2;              ///< step checkpoints kept (best kept separately)
+  bool progress_bar = true;
+};
+
+/// The whole resolved config.
+struct Config {
+  BatchConfig batch;
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+  Fp16Config fp16;
+  Bf16Config bf16;
+  double gradient_clipping = 0.0;  ///< 0 = off
+  int64_t steps_per_print = 10;
+  bool wall_clock_breakdown = false;
+  ZeroConfig zero_optimization;
+  ActivationCheckpointingConfig activation_checkpointing;
+  bool activation_checkpointing_present = false;  ///< the block was given
+  MonitorConfig tensorboard;
+  MonitorConfig csv_monitor;
+  ModelConfig model;
+  DataConfig data;
+  TrainerOptions trainer;
+  /// DeepSpeed keys accepted but not implemented (warned about once), in JSON path form.
+  std::vector<std::string> ignored_keys;
+  /// The JSON as the user gave it (before defaults), for the record.
+  nlohmann::json source = nlohmann::json::object();
+};
+
+/// Parses JSON text strictly: duplicate keys are InputError naming the path and line.
+/// `origin` names the file in messages.
+nlohmann::json parse_json_strict(const std::string& text, const std::string& origin);
+
+/// Builds a Config from a parsed JSON document. Unknown keys are InputError naming the JSON
+/// path and suggesting the nearest known key; inconsistent values are InputError naming the key.
+/// The batch triple is resolved at `world_size` (< 1: read WORLD_SIZE from the environment,
+/// 1 when unset).
+Config config_from_json(const nlohmann::json& doc, const std::string& origin, int64_t world_size = 0);
+
+/// Reads and parses a config file (InputError when it is missing or malformed).
+Config load_config(const std::string& path, int64_t world_size = 0);
+
+/// Re-resolves the batch triple after a CLI override or at a new world size.
+void resolve_batch(Config& cfg, const nlohmann::json& batch_source, int64_t world_size);
+
+/// The resolved config as JSON (every key, defaults filled in); load_config of its dump gives
+/// back an equal Config.
+nlohmann::json config_to_json(const Config& cfg);
+
+/// Writes one `warning: ...` line on stderr naming cfg.ignored_keys, if any.
+void warn_ignored_keys(const Config& cfg);
+
+}  // namespace polytrain

@@ -1,0 +1,33 @@
+#include "common/main_guard.h"
+
+#include <cstdio>
+#include <exception>
+#include <string>
+
+#include "common/error.h"
+
+namespace polytrain {
+
+namespace {
+// One line: newlines inside a message would split the `error:` line.
+std::string one_line(std::string s) {
+  for (char& c : s)
+    if (c == '\n' || c == '\r') c = ' ';
+  while (!s.empty() && s.back() == ' ') s.pop_back();
+  return s;
+}
+}  // namespace
+
+int run_main(const std::function<int()>& body) {
+  try {
+    return body();
+  } catch (const InputError& e) {
+    std::fprintf(stderr, "error: %s\n", one_line(e.what()).c_str());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", one_line(e.what()).c_str());
+    return 1;
+  }
+}
+
+}  // namespace polytrain
