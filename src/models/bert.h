@@ -1,0 +1,124 @@
+// BERT / RoBERTa masked-LM in libtorch, parameter names identical to Hugging Face's
+// (bert.embeddings.word_embeddings.weight, ..., cls.predictions.bias), so weights map 1:1.
+// No parallel logic here: backends transform the built model (principle 2).
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/dropout.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+
+#include "common/config.h"
+#include "models/model_output.h"
+
+namespace polytrain {
+
+
+struct BertEmbeddingsImpl : torch::nn::Module {
+  explicit BertEmbeddingsImpl(const ModelConfig& cfg);
+  at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& token_type_ids);
+  torch::nn::Embedding word_embeddings{nullptr}, position_embeddings{nullptr},
+      token_type_embeddings{nullptr};
+  torch::nn::LayerNorm LayerNorm{nullptr};
+  torch::nn::Dropout dropout{nullptr};
+  int64_t position_offset_ = 0;  ///< RoBERTa counts positions from pad_token_id + 1
+};
+TORCH_MODULE(BertEmbeddings);
+
+/// Multi-head self-attention (HF: attention.self + attention.output).
+struct BertSelfAttentionImpl : torch::nn::Module {
+  explicit BertSelfAttentionImpl(const ModelConfig& cfg);
+  /// additive_mask: [B, 1, 1, L], 0 for tokens to attend, a large negative for padding.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& additive_mask);
+  torch::nn::Linear query{nullptr}, key{nullptr}, value{nullptr};
+  torch::nn::Dropout dropout{nullptr};
+  int64_t heads_, head_dim_;
+};
+TORCH_MODULE(BertSelfAttention);
+
+/// Dense + dropout + residual + LayerNorm (HF: BertSelfOutput / BertOutput).
+struct BertOutputImpl : torch::nn::Module {
+  BertOutputImpl(int64_t in, int64_t out, const ModelConfig& cfg);
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& residual);
+  torch::nn::Linear dense{nullptr};
+  torch::nn::LayerNorm LayerNorm{nullptr};
+  torch::nn::Dropout dropout{nullptr};
+};
+TORCH_MODULE(BertOutput);
+
+struct BertAttentionImpl : torch::nn::Module {
+  explicit BertAttentionImpl(const ModelConfig& cfg);
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& additive_mask);
+  BertSelfAttention self{nullptr};
+  BertOutput output{nullptr};
+};
+TORCH_MODULE(BertAttention);
+
+struct BertIntermediateImpl : torch::nn::Module {
+  explicit BertIntermediateImpl(const ModelConfig& cfg);
+  at::Tensor forward(const at::Tensor& x);
+  torch::nn::Linear dense{nullptr};
+  std::string act_;
+};
+TORCH_MODULE(BertIntermediate);
+
+/// One transformer block: the unit activation checkpointing and tensor parallelism act on.
+struct BertLayerImpl : torch::nn::Module {
+  explicit BertLayerImpl(const ModelConfig& cfg);
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& additive_mask);
+  BertAttention attention{nullptr};
+  BertIntermediate intermediate{nullptr};
+  BertOutput output{nullptr};
+};
+TORCH_MODULE(BertLayer);
+
+struct BertEncoderImpl : torch::nn::Module {
+  explicit BertEncoderImpl(const ModelConfig& cfg);
+  at::Tensor forward(at::Tensor x, const at::Tensor& additive_mask);
+  torch::nn::ModuleList layer{nullptr};
+};
+TORCH_MODULE(BertEncoder);
+
+/// Encoder without heads (HF BertModel without the pooler).
+struct BertModelImpl : torch::nn::Module {
+  explicit BertModelImpl(const ModelConfig& cfg);
+  at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                     const at::Tensor& token_type_ids);
+  BertEmbeddings embeddings{nullptr};
+  BertEncoder encoder{nullptr};
+};
+TORCH_MODULE(BertModel);
+
+/// HF BertLMPredictionHead / RobertaLMHead: transform, then a decoder tied to the word embeddings.
+struct BertLMHeadImpl : torch::nn::Module {
+  BertLMHeadImpl(const ModelConfig& cfg, const at::Tensor& word_embeddings);
+  at::Tensor forward(const at::Tensor& hidden);
+  torch::nn::Linear dense{nullptr};
+  torch::nn::LayerNorm LayerNorm{nullptr};
+  at::Tensor decoder_weight_;  ///< tied: the word embedding matrix (not registered twice)
+  at::Tensor bias;
+  std::string act_;
+};
+TORCH_MODULE(BertLMHead);
+
+/// BERT (or RoBERTa, by model_type) with the masked-LM head. Parameter names are HF's:
+/// bert.* + cls.predictions.* for BERT, roberta.* + lm_head.* for RoBERTa.
+struct BertForMaskedLMImpl : torch::nn::Module {
+  explicit BertForMaskedLMImpl(const ModelConfig& cfg);
+  /// labels: -100 where no prediction is wanted. When score_masked_only is set, logits are
+  /// computed only at labelled positions (same loss, less work; NVIDIA/Megatron BERT do this).
+  ModelOutput forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                      const at::Tensor& token_type_ids, const at::Tensor& labels = {});
+  /// Re-draws every weight from N(0, initializer_range) as HF's _init_weights does.
+  void init_weights(double initializer_range);
+
+  ModelConfig config_;
+  bool score_masked_only_ = false;
+  BertModel encoder_model{nullptr};  ///< registered as "bert" or "roberta"
+  BertLMHead lm_head{nullptr};       ///< registered as "cls.predictions" path or "lm_head"
+};
+TORCH_MODULE(BertForMaskedLM);
+
+}  // namespace polytrain

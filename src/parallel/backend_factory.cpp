@@ -1,0 +1,18 @@
+// The only place that knows every backend: env_type -> Backend.
+#include "common/error.h"
+#include "parallel/backend.h"
+#include "parallel/single/single_backend.h"
+
+namespace polytrain {
+
+std::unique_ptr<Backend> make_backend(const Config& cfg) {
+  const auto& type = cfg.trainer.env_type;
+  if (type == "pytorch") return std::make_unique<SingleBackend>(cfg);
+  if (type == "pytorchDDP" || type == "deepspeed" || type == "deepspeed+mpu" || type == "hivemind")
+    throw InputError("trainer.env_type: '" + type +
+                     "' is not available in this build yet (available: pytorch)");
+  throw InputError("trainer.env_type: unknown value '" + type +
+                   "' (expected pytorch, pytorchDDP, deepspeed, deepspeed+mpu or hivemind)");
+}
+
+}  // namespace polytrain

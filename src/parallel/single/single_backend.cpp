@@ -1,0 +1,111 @@
+#include "parallel/single/single_backend.h"
+
+#include <cmath>
+
+#include <torch/cuda.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+#include <torch/serialize/archive.h>
+
+#include "common/error.h"
+#include "trainer/optimizers.h"
+
+namespace polytrain {
+
+c10::Device parse_device(const std::string& spec) {
+  c10::Device device(c10::kCPU);
+  try {
+    device = c10::Device(spec);
+  } catch (const std::exception&) {
+    throw InputError("trainer.pytorch_device: cannot parse '" + spec + "' (expected cpu, cuda or cuda:N)");
+  }
+  if (device.is_cuda()) {
+    PT_INPUT_CHECK(torch::cuda::is_available(), "trainer.pytorch_device: '", spec,
+                   "' asked for, but this libtorch has no CUDA or no GPU is visible");
+    PT_INPUT_CHECK(!device.has_index() || device.index() < (int)torch::cuda::device_count(),
+                   "trainer.pytorch_device: '", spec, "' but only ", torch::cuda::device_count(),
+                   " CUDA device(s) are visible");
+  } else {
+    PT_INPUT_CHECK(device.is_cpu(), "trainer.pytorch_device: unsupported device '", spec, "'");
+  }
+  return device;
+}
+
+double grad_norm(const std::vector<at::Tensor>& params) {
+  // Sum of squares in float64 so the norm does not depend on summation order of float32 halves.
+  double total = 0.0;
+  for (const auto& p : params) {
+    const auto& g = p.grad();
+    if (!g.defined()) continue;
+    total += g.to(torch::kDouble).pow(2).sum().item<double>();
+  }
+  return std::sqrt(total);
+}
+
+void clip_grads(const std::vector<at::Tensor>& params, double norm, double max_norm) {
+  if (max_norm <= 0.0 || !(norm > max_norm)) return;
+  const double coef = max_norm / (norm + 1e-6);  // torch.nn.utils.clip_grad_norm_'s formula
+  for (const auto& p : params)
+    if (p.grad().defined()) p.grad().mul_(coef);
+}
+
+SingleBackend::SingleBackend(const Config& cfg) {
+  ctx_.device = parse_device(cfg.trainer.pytorch_device);
+  accumulation_steps_ = cfg.batch.gradient_accumulation_steps;
+  clip_ = cfg.gradient_clipping;
+}
+
+SingleBackend::~SingleBackend() = default;
+
+void SingleBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Config& cfg) {
+  model_ = std::move(model);
+  model_->to(ctx_.device);
+  params_.clear();
+  auto named = model_->named_parameters(/*recurse=*/true);
+  std::vector<std::pair<std::string, torch::Tensor>> named_params;
+  for (const auto& item : named) {
+    if (!item.value().requires_grad()) continue;
+    named_params.emplace_back(item.key(), item.value());
+    params_.push_back(item.value());
+  }
+  optimizer_ = make_optimizer(cfg.optimizer, named_params);
+}
+
+bool SingleBackend::ready_to_step(int64_t micro_steps_done) const {
+  return micro_steps_done >= accumulation_steps_;
+}
+
+void SingleBackend::backward(const at::Tensor& loss) { loss.backward(); }
+
+StepResult SingleBackend::step(double lr, std::optional<double> beta1) {
+  StepResult result;
+  result.grad_norm = grad_norm(params_);
+  result.applied = std::isfinite(result.grad_norm);
+  if (result.applied) {
+    clip_grads(params_, result.grad_norm, clip_);
+    set_learning_rate(*optimizer_, lr);
+    if (beta1) set_beta1(*optimizer_, *beta1);
+    optimizer_->step();
+  }
+  optimizer_->zero_grad();
+  return result;
+}
+
+void SingleBackend::save_state(torch::serialize::OutputArchive& archive) {
+  torch::serialize::OutputArchive opt;
+  optimizer_->save(opt);
+  archive.write("optimizer", opt);
+}
+
+void SingleBackend::load_state(torch::serialize::InputArchive& archive) {
+  torch::serialize::InputArchive opt;
+  archive.read("optimizer", opt);
+  optimizer_->load(opt);
+}
+
+torch::optim::Optimizer& SingleBackend::optimizer() {
+  PT_CHECK(optimizer_, "prepare() was not called");
+  return *optimizer_;
+}
+
+}  // namespace polytrain

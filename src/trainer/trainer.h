@@ -1,0 +1,76 @@
+// Trainer: the one training loop for every env_type (FlagAI's Trainer in C++). Users subclass
+// it and override forward_step; the loop never branches on env_type, it talks to a Backend.
+// Checkpoint format lives in checkpoint.h, metric sinks in metrics.h, the run folder in experiment.h.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/nn/module.h>
+
+#include "common/config.h"
+#include "data/batch.h"
+#include "data/batch_source.h"
+#include "models/model_output.h"
+
+namespace polytrain {
+
+class Backend;
+class LrSchedule;
+class MetricsLogger;
+
+/// What train() did.
+struct TrainResult {
+  int64_t steps = 0;             ///< optimizer steps done in total (resumed ones included)
+  int64_t skipped_steps = 0;     ///< updates skipped for non-finite gradients
+  std::vector<double> losses;    ///< global mean loss of each step run in this call
+  double best_eval_loss = 0.0;   ///< NaN when no evaluation ran
+  std::string experiment_dir;    ///< this run's folder
+  std::string save_dir;          ///< where checkpoints went
+};
+
+struct EvalResult {
+  double loss = 0.0;
+  double perplexity = 0.0;
+  int64_t batches = 0;
+};
+
+class Trainer {
+ public:
+  /// Seeds torch's RNG and sets its thread count: construct the Trainer before the model so the
+  /// model's initial weights depend only on trainer.seed.
+  explicit Trainer(Config cfg);
+  virtual ~Trainer();
+
+  /// One micro-batch: run the model, return the loss (and optionally logits, hidden states).
+  virtual ModelOutput forward_step(const Batch& batch, torch::nn::Module& model) = 0;
+
+  /// Trains model on train_data (evaluating on eval_data when given) for trainer.max_steps
+  /// optimizer steps, or trainer.epochs epochs when max_steps is 0. Resumes from
+  /// trainer.load_dir when set.
+  TrainResult train(std::shared_ptr<torch::nn::Module> model, const BatchSource& train_data,
+                    const BatchSource* eval_data = nullptr);
+
+  /// Mean loss over the first data.eval_batches micro-batches of eval_data (all when 0).
+  EvalResult evaluate(torch::nn::Module& model, const BatchSource& eval_data);
+
+  const Config& config() const { return cfg_; }
+
+ protected:
+  Config cfg_;
+
+ private:
+  void run_eval_and_record(torch::nn::Module& model, const BatchSource& eval_data, int64_t step);
+  void save(torch::nn::Module& model, int64_t step, const std::string& tag);
+
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<MetricsLogger> metrics_;
+  std::string experiment_dir_;
+  std::string save_dir_;
+  int64_t skipped_steps_ = 0;
+  double best_eval_loss_;
+  std::vector<std::string> saved_tags_;
+};
+
+}  // namespace polytrain
