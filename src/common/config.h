@@ -83,6 +83,7 @@ struct Fp16Config {
   int hysteresis = 2;
   bool consecutive_hysteresis = false;
   double min_loss_scale = 1.0;
+  bool fp16_master_weights_and_grads = false;  ///< DeepSpeed: only with ZeRO stage 2
 };
 
 /// `bf16` block.
@@ -96,13 +97,17 @@ struct ZeroOffloadConfig {
   bool pin_memory = false;
   std::string nvme_path;
   int64_t buffer_count = 4;
-  bool fast_init = false;
-  double ratio = 1.0;
+  bool fast_init = false;        ///< offload_optimizer only
+  double ratio = 1.0;            ///< offload_optimizer only (< 1 needs stage 3)
+  int64_t buffer_size = 100000000;   ///< offload_param only
+  int64_t max_in_cpu = 1000000000;   ///< offload_param only
+  bool pipeline_read = false;    ///< offload_optimizer only
+  bool pipeline_write = false;   ///< offload_optimizer only
 };
 struct ZeroConfig {
   int stage = 0;
   bool contiguous_gradients = true;
-  bool overlap_comm = false;
+  bool overlap_comm = false;  ///< not given in JSON: true at stage 3 (DeepSpeed's dynamic default)
   bool reduce_scatter = true;
   int64_t reduce_bucket_size = 500000000;
   bool allgather_partitions = true;
@@ -110,7 +115,11 @@ struct ZeroConfig {
   bool round_robin_gradients = false;
   bool elastic_checkpoint = false;
   ZeroOffloadConfig offload_optimizer;
-  ZeroOffloadConfig offload_param;
+  ZeroOffloadConfig offload_param = [] {  // DeepSpeed's param offload keeps 5 buffers, not 4
+    ZeroOffloadConfig c;
+    c.buffer_count = 5;
+    return c;
+  }();
   int64_t sub_group_size = 1000000000;
   int64_t stage3_max_live_parameters = 1000000000;
   int64_t stage3_max_reuse_distance = 1000000000;

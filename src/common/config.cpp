@@ -1,0 +1,434 @@
+// What the config means: each section read with DeepSpeed's defaults and rules, validated, the
+// batch triple resolved (DeepSpeed's fill-in rules), and config_to_json. The key lists, the strict
+// reader and parse_json_strict are in config_keys.{h,cpp}; CLI flags are in cli_config.{h,cpp}.
+#include "common/config.h"
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include "common/config_keys.h"
+#include "common/error.h"
+
+namespace polytrain {
+
+using nlohmann::json;
+using namespace config_detail;
+using detail::cat;
+
+namespace {
+
+const std::vector<std::string> kOptimizers = {"Adam", "AdamW", "Lamb", "SGD", "Adagrad"};
+const std::vector<std::string> kDeepSpeedOnlyOptimizers = {"OneBitAdam", "ZeroOneAdam", "OneBitLamb",
+                                                           "MuAdam", "MuAdamW", "MuSGD", "Lion"};
+const std::vector<std::string> kSchedulers = {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR",
+                                              "OneCycle", "LRRangeTest"};
+const std::vector<std::string> kEnvTypes = {"pytorch", "pytorchDDP", "deepspeed", "deepspeed+mpu",
+                                            "hivemind"};
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// ---- sections: read, then check ranges (messages name the key and the value) ---------------
+
+void parse_optimizer(const json* j, ParseContext& ctx, OptimizerConfig& o) {
+  ObjectReader r(j, "optimizer", ctx);
+  std::string type = o.type;
+  r("type", type);
+  r("no_decay", o.no_decay);
+  r.ignore({{"legacy_fusion", "false"}});
+  const json* params = r.take("params");
+  r.finish();
+  o.type.clear();
+  for (const auto& name : kOptimizers)
+    if (lower(name) == lower(type)) o.type = name;
+  for (const auto& name : kDeepSpeedOnlyOptimizers)
+    if (lower(name) == lower(type))
+      r.fail("type", "'" + type + "' is a DeepSpeed optimizer polytrain does not implement; use one of "
+                         "Adam, AdamW, Lamb, SGD, Adagrad");
+  if (o.type.empty()) r.one_of("type", type, kOptimizers);
+  if (o.type == "Adagrad") o.eps = 1e-10;  // torch.optim.Adagrad's default
+
+  ObjectReader p(params, "optimizer.params", ctx);
+  if (p.has("max_grad_norm"))
+    p.fail("max_grad_norm", "is not an optimizer parameter in DeepSpeed; set the top-level "
+                            "'gradient_clipping' instead");
+  visit(p, o);
+  if (o.type == "Adam" || o.type == "AdamW") p.accept("torch_adam");  // same math either way
+  if (o.type == "Lamb")
+    p.ignore({{"max_coeff", "10.0"}, {"min_coeff", "0.01"}, {"eps_inside_sqrt", "false"}});
+  p.finish(" (" + o.type + " takes: " + key_list(o) + ")");
+  p.at_least("lr", o.lr, 0.0), p.at_least("eps", o.eps, 0.0);
+  p.at_least("weight_decay", o.weight_decay, 0.0);
+  if (!(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1))
+    p.fail("betas", cat("must both be in [0, 1), got [", o.beta1, ", ", o.beta2, "]"));
+  p.at_least("momentum", o.momentum, 0.0), p.at_least("dampening", o.dampening, 0.0);
+  p.at_least("lr_decay", o.lr_decay, 0.0);
+  p.at_least("initial_accumulator_value", o.initial_accumulator_value, 0.0);
+  p.above("clamp_value", o.clamp_value, 0.0);
+  if (o.type == "Lamb" && o.amsgrad) p.fail("amsgrad", "is not supported by Lamb (DeepSpeed's FusedLamb)");
+  if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))
+    p.fail("nesterov", "needs momentum > 0 and dampening = 0 (torch.optim.SGD)");
+  if (o.type == "AdamW") o.adam_w_mode = true;  // DeepSpeed: the name AdamW forces decoupled decay
+}
+
+void parse_scheduler(const json* j, ParseContext& ctx, SchedulerConfig& s) {
+  ObjectReader r(j, "scheduler", ctx);
+  r("type", s.type);
+  const json* params = r.take("params");
+  r.finish();
+  if (s.type.empty()) {
+    if (params) r.fail("type", "is required when 'scheduler.params' is given");
+    return;
+  }
+  r.one_of("type", s.type, kSchedulers);
+  ObjectReader p(params, "scheduler.params", ctx);
+  visit(p, s);
+  p.ignore({{"last_batch_iteration", "-1"}});
+  p.finish(" (" + s.type + " takes: " + key_list(s) + ")");
+  const std::string& t = s.type;
+  if (t == "WarmupDecayLR" || t == "WarmupCosineLR") {
+    if (!p.has("total_num_steps")) p.fail("total_num_steps", "is required for " + t);
+    p.above("total_num_steps", s.total_num_steps, int64_t{0});
+  }
+  if (t == "OneCycle")
+    for (const char* key : {"cycle_min_lr", "cycle_max_lr"})
+      if (!p.has(key)) p.fail(key, "is required for OneCycle");
+  p.at_least("warmup_min_lr", s.warmup_min_lr, 0.0), p.at_least("warmup_max_lr", s.warmup_max_lr, 0.0);
+  p.at_least("warmup_num_steps", s.warmup_num_steps, int64_t{0});
+  p.one_of("warmup_type", s.warmup_type, {"log", "linear"});
+  p.unit_interval("warmup_min_ratio", s.warmup_min_ratio), p.unit_interval("cos_min_ratio", s.cos_min_ratio);
+  p.at_least("cycle_min_lr", s.cycle_min_lr, 0.0), p.at_least("cycle_max_lr", s.cycle_max_lr, 0.0);
+  p.above("cycle_first_step_size", s.cycle_first_step_size, int64_t{0});
+  p.at_least("cycle_second_step_size", s.cycle_second_step_size.value_or(0), int64_t{0});
+  p.at_least("cycle_first_stair_count", s.cycle_first_stair_count, int64_t{0});
+  p.at_least("cycle_second_stair_count", s.cycle_second_stair_count.value_or(0), int64_t{0});
+  p.at_least("decay_step_size", s.decay_step_size, int64_t{0});
+  p.at_least("decay_lr_rate", s.decay_lr_rate, 0.0), p.at_least("decay_mom_rate", s.decay_mom_rate, 0.0);
+  p.unit_interval("cycle_min_mom", s.cycle_min_mom), p.unit_interval("cycle_max_mom", s.cycle_max_mom);
+  p.at_least("lr_range_test_min_lr", s.lr_range_test_min_lr, 0.0);
+  p.above("lr_range_test_step_size", s.lr_range_test_step_size, int64_t{0});
+  p.at_least("lr_range_test_step_rate", s.lr_range_test_step_rate, 0.0);
+}
+
+void parse_precision(const json* fp16, const json* bf16, const json* bfloat16, ParseContext& ctx,
+                     Config& cfg) {
+  ObjectReader r(fp16, "fp16", ctx);
+  Fp16Config& c = cfg.fp16;
+  visit(r, c);
+  r.finish();
+  r.at_least("loss_scale", c.loss_scale, 0.0);
+  r.at_least("initial_scale_power", c.initial_scale_power, 0);
+  if (c.initial_scale_power > 63) r.fail("initial_scale_power", cat("must be <= 63, got ", c.initial_scale_power));
+  r.above("loss_scale_window", c.loss_scale_window, int64_t{0});
+  r.above("hysteresis", c.hysteresis, 0), r.above("min_loss_scale", c.min_loss_scale, 0.0);
+  if (bf16 && bfloat16) ctx.fail("'bf16' and 'bfloat16' (DeepSpeed's old name) are both given; keep 'bf16'");
+  ObjectReader b(bf16 ? bf16 : bfloat16, bf16 ? "bf16" : "bfloat16", ctx);
+  b("enabled", cfg.bf16.enabled);
+  b.ignore({{"immediate_grad_update", "false"}});
+  b.finish();
+  if (bfloat16 && ctx.ignored)  // listed under the current name; config_to_json writes it there
+    for (std::string& key : *ctx.ignored)
+      if (key.rfind("bfloat16.", 0) == 0) key = "bf16." + key.substr(9);
+  if (c.enabled && cfg.bf16.enabled) ctx.fail("'fp16.enabled' and 'bf16.enabled' are both true; pick one");
+}
+
+void parse_offload(ObjectReader& zr, const char* key, ParseContext& ctx, ZeroOffloadConfig& o, bool param) {
+  ObjectReader r(zr.take(key), zr.path_of(key), ctx);
+  visit_offload(r, o, param);
+  r.finish();
+  r.one_of("device", o.device, {"none", "cpu", "nvme"});
+  if (o.device == "nvme" && o.nvme_path.empty()) r.fail("nvme_path", "is required when device is nvme");
+  r.at_least("buffer_count", o.buffer_count, int64_t{0});
+  r.at_least("buffer_size", o.buffer_size, int64_t{0}), r.at_least("max_in_cpu", o.max_in_cpu, int64_t{0});
+  r.unit_interval("ratio", o.ratio);
+}
+
+void parse_zero(const json* j, const json* allgather_size, ParseContext& ctx, ZeroConfig& z) {
+  if (j && j->is_boolean()) {  // DeepSpeed's deprecated form: true = stage 1
+    z.stage = j->get<bool>() ? 1 : 0;
+    if (allgather_size) {
+      json tmp = {{"allgather_size", *allgather_size}};
+      ObjectReader a(&tmp, "", ctx);
+      a("allgather_size", z.allgather_bucket_size);
+    }
+    return;
+  }
+  if (allgather_size && ctx.ignored) ctx.ignored->push_back("allgather_size");
+  ObjectReader r(j, "zero_optimization", ctx);
+  const bool overlap_given = r.has("overlap_comm");
+  visit(r, z);
+  if (!overlap_given) z.overlap_comm = z.stage == 3;  // DeepSpeed's dynamic default
+  const bool optimizer_given = r.has("offload_optimizer"), param_given = r.has("offload_param");
+  parse_offload(r, "offload_optimizer", ctx, z.offload_optimizer, false);
+  parse_offload(r, "offload_param", ctx, z.offload_param, true);
+  // Deprecated booleans, mapped as DeepSpeed maps them; not together with their replacement.
+  bool cpu_offload = false, cpu_offload_param = false;
+  r("cpu_offload", cpu_offload), r("cpu_offload_param", cpu_offload_param);
+  if (r.has("cpu_offload") && optimizer_given)
+    r.fail("cpu_offload", "is the deprecated form of 'offload_optimizer'; give only one of them");
+  if (r.has("cpu_offload_param") && param_given)
+    r.fail("cpu_offload_param", "is the deprecated form of 'offload_param'; give only one of them");
+  if (cpu_offload) z.offload_optimizer.device = "cpu";
+  if (cpu_offload_param) z.offload_param.device = "cpu";
+  r.ignore(kZeroIgnored);
+  r.finish();
+  if (z.stage < 0 || z.stage > 3) r.fail("stage", cat("must be 0, 1, 2 or 3, got ", z.stage));
+  r.above("reduce_bucket_size", z.reduce_bucket_size, int64_t{0});
+  r.above("allgather_bucket_size", z.allgather_bucket_size, int64_t{0});
+  r.above("sub_group_size", z.sub_group_size, int64_t{0});
+  r.at_least("stage3_max_live_parameters", z.stage3_max_live_parameters, int64_t{0});
+  r.at_least("stage3_max_reuse_distance", z.stage3_max_reuse_distance, int64_t{0});
+  r.at_least("stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size, int64_t{0});
+  r.at_least("stage3_param_persistence_threshold", z.stage3_param_persistence_threshold, int64_t{0});
+  if (z.offload_optimizer.ratio < 1.0 && z.stage != 3)
+    r.fail("offload_optimizer", "ratio < 1 (partial offload) needs stage 3 (DeepSpeed's rule)");
+}
+
+void parse_model(const json* j, ParseContext& ctx, ModelConfig& m) {
+  ObjectReader r(j, "model", ctx);
+  r("model_type", m.model_type);
+  r.one_of("model_type", m.model_type, {"bert", "roberta"});
+  if (m.model_type == "roberta") m.vocab_size = 50265, m.pad_token_id = 1;  // RobertaConfig's defaults
+  visit(r, m);
+  m.extra = r.rest();  // HF configs carry many more keys: kept, not errors
+  for (const char* key : {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                          "intermediate_size", "max_position_embeddings", "type_vocab_size"})
+    r.above(key, write(m)[key].get<int64_t>(), int64_t{0});
+  if (m.hidden_size % m.num_attention_heads != 0)
+    r.fail("hidden_size", cat("(", m.hidden_size, ") must be divisible by num_attention_heads (",
+                              m.num_attention_heads, ")"));
+  if (m.hidden_act.empty()) r.fail("hidden_act", "must not be empty");
+  r.unit_interval("hidden_dropout_prob", m.hidden_dropout_prob, true);
+  r.unit_interval("attention_probs_dropout_prob", m.attention_probs_dropout_prob, true);
+  r.above("layer_norm_eps", m.layer_norm_eps, 0.0), r.at_least("initializer_range", m.initializer_range, 0.0);
+  if (m.pad_token_id < 0 || m.pad_token_id >= m.vocab_size)
+    r.fail("pad_token_id", cat("must be in [0, vocab_size = ", m.vocab_size, "), got ", m.pad_token_id));
+}
+
+void parse_data(const json* j, ParseContext& ctx, DataConfig& d, const ModelConfig& m) {
+  ObjectReader r(j, "data", ctx);
+  visit(r, d);
+  r.finish();
+  r.at_least("max_seq_length", d.max_seq_length, int64_t{8});
+  // RoBERTa numbers positions from pad_token_id + 1 (HF create_position_ids_from_input_ids).
+  const int64_t limit = m.max_position_embeddings - (m.model_type == "roberta" ? m.pad_token_id + 1 : 0);
+  if (d.max_seq_length > limit)
+    r.fail("max_seq_length", cat("(", d.max_seq_length, ") exceeds what model.max_position_embeddings (",
+                                 m.max_position_embeddings, ") allows for ", m.model_type, ": ", limit));
+  r.unit_interval("eval_fraction", d.eval_fraction, true), r.unit_interval("mask_prob", d.mask_prob);
+  r.unit_interval("random_replace_prob", d.random_replace_prob);
+  r.unit_interval("unmask_replace_prob", d.unmask_replace_prob);
+  if (d.random_replace_prob + d.unmask_replace_prob > 1.0)
+    r.fail("random_replace_prob", cat("+ unmask_replace_prob must be <= 1, got ", d.random_replace_prob,
+                                      " + ", d.unmask_replace_prob));
+  r.at_least("eval_batches", d.eval_batches, int64_t{0});
+}
+
+void parse_trainer(const json* j, ParseContext& ctx, TrainerOptions& t) {
+  ObjectReader r(j, "trainer", ctx);
+  visit(r, t);
+  r.finish();
+  r.one_of("env_type", t.env_type, kEnvTypes);
+  for (const char* key : {"epochs", "max_steps", "eval_interval", "log_interval", "save_interval",
+                          "num_threads", "keep_last"})
+    r.at_least(key, write(t)[key].get<int64_t>(), int64_t{0});
+  if (t.epochs == 0 && t.max_steps == 0) r.fail("epochs", "and max_steps are both 0: nothing to train");
+  const std::string& dev = t.pytorch_device;
+  const bool cuda_n = dev.rfind("cuda:", 0) == 0 && dev.size() > 5 &&
+                      dev.find_first_not_of("0123456789", 5) == std::string::npos;
+  if (dev != "cpu" && dev != "cuda" && !cuda_n)
+    r.fail("pytorch_device", "must be cpu, cuda or cuda:N, got '" + dev + "'");
+  if (t.experiments_dir.empty()) r.fail("experiments_dir", "must not be empty");
+  if (t.experiment_name.empty()) r.fail("experiment_name", "must not be empty");
+}
+
+struct BatchKeys {
+  std::optional<int64_t> train, micro, accum;  // null in JSON = not given (DeepSpeed's get())
+};
+
+BatchKeys read_batch_keys(ObjectReader& r) {
+  BatchKeys k;
+  r("train_batch_size", k.train), r("train_micro_batch_size_per_gpu", k.micro);
+  r("gradient_accumulation_steps", k.accum);
+  return k;
+}
+
+int64_t world_size_or_env(int64_t world_size) {
+  if (world_size >= 1) return world_size;
+  const char* env = std::getenv("WORLD_SIZE");
+  if (!env || !*env) return 1;
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(env, &end, 10);
+  if (errno || *end || v < 1) throw InputError(cat("WORLD_SIZE='", env, "' is not a positive integer"));
+  return v;
+}
+
+// DeepSpeed's _set_batch_related_parameters + _batch_assertion. Where DeepSpeed floors a
+// derived value and then fails the assertion, the message says what does not divide.
+void resolve(BatchConfig& out, BatchKeys k, int64_t world_size, const ParseContext& ctx) {
+  const int64_t ws = world_size_or_env(world_size);
+  const char* kT = "train_batch_size";
+  const char* kM = "train_micro_batch_size_per_gpu";
+  const char* kG = "gradient_accumulation_steps";
+  const std::array<std::pair<const char*, std::optional<int64_t>>, 3> given = {
+      {{kT, k.train}, {kM, k.micro}, {kG, k.accum}}};
+  for (const auto& [name, v] : given)
+    if (v && *v <= 0) ctx.fail(cat("'", name, "' must be > 0, got ", *v));
+  auto derive = [&](const char* what, int64_t num, int64_t den, const std::string& den_text) {
+    if (num % den != 0)
+      ctx.fail(cat("cannot derive ", what, ": train_batch_size (", num, ") is not divisible by ", den_text));
+    return num / den;
+  };
+  auto& [t, m, g] = k;
+  const std::string ws_text = cat("world_size (", ws, ")");
+  if (t && m && g) {
+  } else if (t && m) {
+    g = derive(kG, *t, *m * ws, cat(kM, " (", *m, ") * ", ws_text));
+  } else if (t && g) {
+    m = derive(kM, *t, *g * ws, cat(kG, " (", *g, ") * ", ws_text));
+  } else if (m && g) {
+    t = *m * *g * ws;
+  } else if (t) {
+    g = 1, m = derive(kM, *t, ws, ws_text);
+  } else if (m) {
+    g = 1, t = *m * ws;
+  } else {
+    ctx.fail("give 'train_batch_size' or 'train_micro_batch_size_per_gpu' (DeepSpeed needs one of them)");
+  }
+  if (*t != *m * *g * ws)
+    ctx.fail(cat("batch sizes disagree: ", kT, " (", *t, ") != ", kM, " (", *m, ") * ", kG, " (", *g,
+                 ") * ", ws_text, " = ", *m * *g * ws));
+  out = BatchConfig{*t, *m, *g, ws};
+}
+
+json::json_pointer pointer_of(const std::string& dotted) {
+  std::string p = "/" + dotted;
+  std::replace(p.begin(), p.end(), '.', '/');
+  return json::json_pointer(p);
+}
+
+}  // namespace
+
+Config config_from_json(const json& doc, const std::string& origin, int64_t world_size) {
+  Config cfg;
+  ParseContext ctx{origin, &cfg.ignored_keys};
+  ObjectReader top(&doc, "", ctx);
+  cfg.source = doc.is_null() ? json::object() : doc;
+  const BatchKeys batch = read_batch_keys(top);
+  const json* optimizer = top.take("optimizer");
+  const json* scheduler = top.take("scheduler");
+  const json* fp16 = top.take("fp16");
+  const json* bf16 = top.take("bf16");
+  const json* bfloat16 = top.take("bfloat16");
+  const json* zero = top.take("zero_optimization");
+  const json* allgather_size = top.take("allgather_size");
+  const json* checkpointing = top.take("activation_checkpointing");
+  const json* tensorboard = top.take("tensorboard");
+  const json* csv_monitor = top.take("csv_monitor");
+  const json* model = top.take("model");
+  const json* data = top.take("data");
+  const json* trainer = top.take("trainer");
+  top("gradient_clipping", cfg.gradient_clipping), top("steps_per_print", cfg.steps_per_print);
+  top("wall_clock_breakdown", cfg.wall_clock_breakdown);
+  top.ignore(kTopLevelIgnored);
+  top.finish();  // a top-level typo is reported before anything inside the sections
+  top.at_least("gradient_clipping", cfg.gradient_clipping, 0.0);
+  top.above("steps_per_print", cfg.steps_per_print, int64_t{0});
+
+  parse_optimizer(optimizer, ctx, cfg.optimizer);
+  parse_scheduler(scheduler, ctx, cfg.scheduler);
+  parse_zero(zero, allgather_size, ctx, cfg.zero_optimization);
+  parse_precision(fp16, bf16, bfloat16, ctx, cfg);
+  if (cfg.fp16.enabled && cfg.fp16.fp16_master_weights_and_grads && cfg.zero_optimization.stage != 2)
+    ctx.fail("'fp16.fp16_master_weights_and_grads' needs zero_optimization.stage 2 (DeepSpeed's rule)");
+  cfg.activation_checkpointing_present = checkpointing != nullptr;
+  ObjectReader ac(checkpointing, "activation_checkpointing", ctx);
+  visit(ac, cfg.activation_checkpointing);
+  ac.finish();
+  if (cfg.activation_checkpointing.number_checkpoints)
+    ac.above("number_checkpoints", *cfg.activation_checkpointing.number_checkpoints, int64_t{0});
+  ObjectReader tb(tensorboard, "tensorboard", ctx), csv(csv_monitor, "csv_monitor", ctx);
+  visit(tb, cfg.tensorboard), visit(csv, cfg.csv_monitor);
+  tb.finish(), csv.finish();
+  parse_model(model, ctx, cfg.model);
+  parse_data(data, ctx, cfg.data, cfg.model);
+  parse_trainer(trainer, ctx, cfg.trainer);
+  resolve(cfg.batch, batch, world_size, ctx);
+  return cfg;
+}
+
+Config load_config(const std::string& path, int64_t world_size) {
+  if (std::filesystem::is_directory(path)) throw InputError(path + ": is a directory, not a config file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(cat(path, ": cannot read config file: ", std::strerror(errno)));
+  std::ostringstream text;
+  text << in.rdbuf();
+  return config_from_json(parse_json_strict(text.str(), path), path, world_size);
+}
+
+void resolve_batch(Config& cfg, const json& batch_source, int64_t world_size) {
+  ParseContext ctx{"", nullptr};
+  ObjectReader r(&batch_source, "", ctx);
+  resolve(cfg.batch, read_batch_keys(r), world_size, ctx);
+}
+
+json config_to_json(const Config& in) {
+  Config c = in;  // visit() takes mutable references
+  json out = json::object();
+  out["train_batch_size"] = c.batch.train_batch_size;
+  out["train_micro_batch_size_per_gpu"] = c.batch.train_micro_batch_size_per_gpu;
+  out["gradient_accumulation_steps"] = c.batch.gradient_accumulation_steps;
+  out["optimizer"] = {{"type", c.optimizer.type}, {"params", write(c.optimizer)},
+                      {"no_decay", c.optimizer.no_decay}};
+  if (!c.scheduler.type.empty())
+    out["scheduler"] = {{"type", c.scheduler.type}, {"params", write(c.scheduler)}};
+  out["fp16"] = write(c.fp16);
+  out["bf16"] = {{"enabled", c.bf16.enabled}};
+  out["gradient_clipping"] = c.gradient_clipping;
+  out["steps_per_print"] = c.steps_per_print;
+  out["wall_clock_breakdown"] = c.wall_clock_breakdown;
+  json zero = write(c.zero_optimization);
+  ObjectWriter offload_optimizer, offload_param;
+  visit_offload(offload_optimizer, c.zero_optimization.offload_optimizer, false);
+  visit_offload(offload_param, c.zero_optimization.offload_param, true);
+  zero["offload_optimizer"] = offload_optimizer.out;
+  zero["offload_param"] = offload_param.out;
+  out["zero_optimization"] = zero;
+  if (c.activation_checkpointing_present) out["activation_checkpointing"] = write(c.activation_checkpointing);
+  out["tensorboard"] = write(c.tensorboard);
+  out["csv_monitor"] = write(c.csv_monitor);
+  json model = c.model.extra.is_object() ? c.model.extra : json::object();
+  model.update(write(c.model));
+  out["model"] = model;
+  out["data"] = write(c.data);
+  out["trainer"] = write(c.trainer);
+  // Ignored DeepSpeed keys go back verbatim, so the dump means to DeepSpeed what the input did.
+  for (const std::string& path : c.ignored_keys) {
+    json::json_pointer from = pointer_of(path);
+    if (!c.source.contains(from) && path.rfind("bf16.", 0) == 0) from = pointer_of("bfloat16." + path.substr(5));
+    if (c.source.contains(from)) out[pointer_of(path)] = c.source[from];
+  }
+  return out;
+}
+
+void warn_ignored_keys(const Config& cfg) {
+  if (cfg.ignored_keys.empty()) return;
+  std::string list;
+  for (const auto& key : cfg.ignored_keys) list += (list.empty() ? "" : ", ") + key;
+  std::fprintf(stderr, "warning: DeepSpeed config keys polytrain does not implement are ignored: %s\n",
+               list.c_str());
+}
+
+}  // namespace polytrain
