@@ -1,0 +1,65 @@
+// SplitMix64-based counter RNG, seed mixing and the epoch permutation (see sample_order.h).
+// The constants are SplitMix64's (java.util.SplittableRandom); changing them changes every
+// data order and mask, so they are fixed forever.
+#include "data/sample_order.h"
+
+#include <utility>
+
+#include "common/error.h"
+
+namespace polytrain {
+namespace {
+
+constexpr uint64_t kGoldenGamma = 0x9E3779B97F4A7C15ULL;
+// Domain tag so permutation keys never coincide with keys built by other users of mix_seed.
+constexpr uint64_t kPermutationDomain = 0x7065726D75746531ULL;  // "permute1"
+
+uint64_t splitmix_finalise(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+uint64_t mix_seed(uint64_t seed, uint64_t a, uint64_t b, uint64_t c) {
+  // Each input is absorbed by one full SplitMix64 round, so (a, b) and (b, a) differ.
+  uint64_t h = splitmix_finalise(seed + kGoldenGamma);
+  h = splitmix_finalise(h ^ (a + 1 * kGoldenGamma));
+  h = splitmix_finalise(h ^ (b + 2 * kGoldenGamma));
+  h = splitmix_finalise(h ^ (c + 3 * kGoldenGamma));
+  return h;
+}
+
+uint64_t CounterRng::next_u64() {
+  ++counter_;
+  return splitmix_finalise(key_ + counter_ * kGoldenGamma);
+}
+
+double CounterRng::next_double() {
+  return static_cast<double>(next_u64() >> 11) * (1.0 / 9007199254740992.0);  // 2^-53
+}
+
+uint64_t CounterRng::bounded(uint64_t n) {
+  PT_CHECK(n >= 1, "bounded(0)");
+  // Values below `threshold` = 2^64 mod n would make the low residues more likely; reject them.
+  const uint64_t threshold = (0 - n) % n;
+  for (;;) {
+    const uint64_t r = next_u64();
+    if (r >= threshold) return r % n;
+  }
+}
+
+std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, int64_t epoch) {
+  PT_CHECK(n >= 0, "negative permutation size ", n);
+  std::vector<int64_t> perm(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) perm[i] = i;
+  CounterRng rng(mix_seed(seed, static_cast<uint64_t>(epoch), 0, kPermutationDomain));
+  for (int64_t i = n - 1; i > 0; --i) {
+    const auto j = static_cast<int64_t>(rng.bounded(static_cast<uint64_t>(i) + 1));
+    std::swap(perm[i], perm[j]);
+  }
+  return perm;
+}
+
+}  // namespace polytrain
