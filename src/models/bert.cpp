@@ -167,7 +167,8 @@ at::Tensor BertLMHeadImpl::forward(const at::Tensor& hidden) {
   return torch::nn::functional::linear(h, decoder_weight_, bias);
 }
 
-BertForMaskedLMImpl::BertForMaskedLMImpl(const ModelConfig& cfg) : config_(cfg) {
+BertForMaskedLMImpl::BertForMaskedLMImpl(const ModelConfig& cfg)
+    : config_(cfg), score_masked_only_(cfg.sparse_prediction) {
   PT_INPUT_CHECK(cfg.model_type == "bert" || cfg.model_type == "roberta", "model.model_type: '",
                  cfg.model_type, "' is not a masked-LM model this class builds (bert, roberta)");
   const bool roberta = is_roberta(cfg);
