@@ -1,0 +1,290 @@
+// make_optimizer / Lamb against golden trajectories from scripts/gen_golden_optim.py
+// (torch.optim 1.13 and torch_optimizer's LAMB), the no-decay grouping, save/load through
+// torch::serialize archives, the LR/beta1 setters, and input errors.
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "common/config.h"
+#include "common/error.h"
+#include "trainer/lamb.h"
+#include "trainer/optimizers.h"
+
+namespace polytrain {
+namespace {
+
+using nlohmann::json;
+using Named = std::vector<std::pair<std::string, torch::Tensor>>;
+
+const json& golden() {
+  static const json doc = [] {
+    const std::string path = std::string(POLYTRAIN_SOURCE_DIR) + "/tests/golden/optimizers.json";
+    std::ifstream in(path);
+    if (!in) throw std::runtime_error("missing " + path + " (run scripts/gen_golden_optim.py)");
+    return json::parse(in);
+  }();
+  return doc;
+}
+
+Named initial_params() {
+  Named out;
+  for (const auto& p : golden().at("params")) {
+    auto values = p.at("init").get<std::vector<double>>();
+    auto shape = p.at("shape").get<std::vector<int64_t>>();
+    auto t = torch::tensor(values, torch::kFloat64).to(torch::kFloat32).reshape(shape);
+    out.emplace_back(p.at("name").get<std::string>(), t.requires_grad_(true));
+  }
+  return out;
+}
+
+Named clone_params(const Named& from) {
+  Named out;
+  for (const auto& [n, p] : from) out.emplace_back(n, p.detach().clone().requires_grad_(true));
+  return out;
+}
+
+OptimizerConfig optimizer_from(const json& c) {
+  OptimizerConfig o;
+  o.no_decay = golden().at("no_decay").get<std::vector<std::string>>();
+  for (const auto& [key, v] : c.items()) {
+    if (key == "type") o.type = v.get<std::string>();
+    else if (key == "lr") o.lr = v.get<double>();
+    else if (key == "beta1") o.beta1 = v.get<double>();
+    else if (key == "beta2") o.beta2 = v.get<double>();
+    else if (key == "eps") o.eps = v.get<double>();
+    else if (key == "weight_decay") o.weight_decay = v.get<double>();
+    else if (key == "adam_w_mode") o.adam_w_mode = v.get<bool>();
+    else if (key == "bias_correction") o.bias_correction = v.get<bool>();
+    else if (key == "clamp_value") o.clamp_value = v.get<double>();
+    else if (key == "amsgrad") o.amsgrad = v.get<bool>();
+    else if (key == "momentum") o.momentum = v.get<double>();
+    else if (key == "dampening") o.dampening = v.get<double>();
+    else if (key == "nesterov") o.nesterov = v.get<bool>();
+    else if (key == "lr_decay") o.lr_decay = v.get<double>();
+    else if (key == "initial_accumulator_value") o.initial_accumulator_value = v.get<double>();
+    else ADD_FAILURE() << "golden file has an unknown optimizer key " << key;
+  }
+  return o;
+}
+
+/// The script's gradient: float32(0.3 cos(0.37 i + 1.3 j + 0.61 t)) + 0.05 p.
+void set_gradients(Named& params, int t) {
+  torch::NoGradGuard no_grad;
+  for (size_t j = 0; j < params.size(); ++j) {
+    auto& p = params[j].second;
+    std::vector<double> base(p.numel());
+    for (size_t i = 0; i < base.size(); ++i) base[i] = 0.3 * std::cos(0.37 * i + 1.3 * j + 0.61 * t);
+    p.mutable_grad() = torch::tensor(base, torch::kFloat64).to(torch::kFloat32).reshape(p.sizes()) + 0.05 * p;
+  }
+}
+
+/// One step of a golden case: the schedule's LR (and beta1), gradients, update.
+void golden_step(const json& c, torch::optim::Optimizer& opt, Named& params, int t) {
+  set_learning_rate(opt, c.at("lrs").at(t - 1).get<double>());
+  if (!c.at("beta1s").is_null()) set_beta1(opt, c.at("beta1s").at(t - 1).get<double>());
+  set_gradients(params, t);
+  opt.step();
+}
+
+void expect_matches(const json& c, const Named& params, int t) {
+  const auto& want = c.at("after_step").at(t - 1);
+  for (size_t j = 0; j < params.size(); ++j) {
+    auto got = params[j].second.detach().reshape(-1);
+    auto w = want.at(j).get<std::vector<double>>();
+    ASSERT_EQ(got.numel(), static_cast<int64_t>(w.size()));
+    for (size_t i = 0; i < w.size(); ++i) {
+      const double g = got[i].item<double>();
+      EXPECT_NEAR(g, w[i], 1e-6 * std::fabs(w[i]) + 1e-8)
+          << c.at("name").get<std::string>() << " step " << t << " " << params[j].first << "[" << i << "]";
+    }
+  }
+}
+
+TEST(Optimizers, MatchTorchGolden) {
+  ASSERT_EQ(golden().at("cases").size(), 7u);
+  for (const auto& c : golden().at("cases")) {
+    SCOPED_TRACE(c.at("name").get<std::string>());
+    auto params = initial_params();
+    auto opt = make_optimizer(optimizer_from(c.at("config")), params);
+    for (int t = 1; t <= 5; ++t) {
+      golden_step(c, *opt, params, t);
+      expect_matches(c, params, t);
+    }
+  }
+}
+
+TEST(Optimizers, NoDecayGroupAndTypes) {
+  auto params = initial_params();
+  OptimizerConfig cfg;
+  cfg.weight_decay = 0.1;
+  auto opt = make_optimizer(cfg, params);
+  EXPECT_NE(dynamic_cast<torch::optim::AdamW*>(opt.get()), nullptr);
+  ASSERT_EQ(opt->param_groups().size(), 2u);
+  const auto& decay = opt->param_groups()[0];
+  const auto& no_decay = opt->param_groups()[1];
+  ASSERT_EQ(decay.params().size(), 3u);  // encoder.weight, big.weight, head.weight
+  ASSERT_EQ(no_decay.params().size(), 2u);  // encoder.bias, encoder.LayerNorm.weight
+  EXPECT_TRUE(decay.params()[0].is_same(params[0].second));
+  EXPECT_TRUE(no_decay.params()[0].is_same(params[1].second));
+  EXPECT_TRUE(no_decay.params()[1].is_same(params[2].second));
+  EXPECT_EQ(static_cast<const torch::optim::AdamWOptions&>(decay.options()).weight_decay(), 0.1);
+  EXPECT_EQ(static_cast<const torch::optim::AdamWOptions&>(no_decay.options()).weight_decay(), 0.0);
+
+  // a tied weight listed twice is kept once; frozen tensors are left out
+  Named tied = {{"emb.weight", params[0].second}, {"lm_head.weight", params[0].second},
+                {"frozen.weight", torch::ones({2})}};
+  auto tied_opt = make_optimizer(cfg, tied);
+  ASSERT_EQ(tied_opt->param_groups().size(), 1u);
+  EXPECT_EQ(tied_opt->param_groups()[0].params().size(), 1u);
+
+  cfg.adam_w_mode = false;
+  cfg.type = "Adam";
+  EXPECT_NE(dynamic_cast<torch::optim::Adam*>(make_optimizer(cfg, params).get()), nullptr);
+  cfg.type = "adamw";  // AdamW is decoupled whatever adam_w_mode says
+  EXPECT_NE(dynamic_cast<torch::optim::AdamW*>(make_optimizer(cfg, params).get()), nullptr);
+  cfg.type = "LAMB";
+  EXPECT_NE(dynamic_cast<Lamb*>(make_optimizer(cfg, params).get()), nullptr);
+  cfg.type = "sgd";
+  EXPECT_NE(dynamic_cast<torch::optim::SGD*>(make_optimizer(cfg, params).get()), nullptr);
+  cfg.type = "Adagrad";
+  EXPECT_NE(dynamic_cast<torch::optim::Adagrad*>(make_optimizer(cfg, params).get()), nullptr);
+}
+
+TEST(Optimizers, SettersReachEveryGroup) {
+  auto params = initial_params();
+  OptimizerConfig cfg;
+  cfg.type = "Lamb";
+  auto opt = make_optimizer(cfg, params);
+  set_learning_rate(*opt, 0.25);
+  set_beta1(*opt, 0.7);
+  for (const auto& g : opt->param_groups()) {
+    const auto& o = static_cast<const LambOptions&>(g.options());
+    EXPECT_EQ(o.lr(), 0.25);
+    EXPECT_EQ(std::get<0>(o.betas()), 0.7);
+    EXPECT_EQ(std::get<1>(o.betas()), cfg.beta2);
+  }
+  EXPECT_THROW(set_beta1(*opt, 1.05), InputError);
+  cfg.type = "SGD";
+  auto sgd = make_optimizer(cfg, params);
+  set_beta1(*sgd, 1.05);  // no betas: no-op, no error
+  set_learning_rate(*sgd, 0.5);
+  EXPECT_EQ(sgd->param_groups()[1].options().get_lr(), 0.5);
+}
+
+// Values by hand: w = [3, 4], g = [1, 1], lr 0.1, eps 0, no decay, no debias. After one step
+// m = 0.1 g, v = 0.001 g^2, u = m / sqrt(v) = sqrt(10) each, ||u|| = sqrt(20), so every
+// element moves by lr * min(||w||, clamp) / sqrt(2).
+TEST(Lamb, TrustRatioByHand) {
+  for (double clamp : {10.0, 1.0}) {
+    auto w = torch::tensor({3.0f, 4.0f}).requires_grad_(true);
+    auto z = torch::zeros({2}).requires_grad_(true);  // ||w|| = 0 -> trust 1: moves by lr * u
+    Lamb opt({w, z}, LambOptions(0.1).eps(0.0).clamp_value(clamp));
+    w.mutable_grad() = torch::ones({2});
+    z.mutable_grad() = torch::ones({2});
+    opt.step();
+    const double d = 0.1 * std::min(5.0, clamp) / std::sqrt(2.0);
+    EXPECT_NEAR(w[0].item<double>(), 3.0 - d, 1e-6);
+    EXPECT_NEAR(w[1].item<double>(), 4.0 - d, 1e-6);
+    EXPECT_NEAR(z[0].item<double>(), -0.1 * std::sqrt(10.0), 1e-6);
+  }
+}
+
+// Save after 2 steps, load into a fresh optimizer over fresh tensors, run 3 more steps: the
+// result must equal the uninterrupted run bit for bit (and still match the golden values).
+TEST(Optimizers, SaveLoadContinuesIdentically) {
+  for (const auto& c : golden().at("cases")) {
+    SCOPED_TRACE(c.at("name").get<std::string>());
+    const auto cfg = optimizer_from(c.at("config"));
+    auto params = initial_params();
+    auto opt = make_optimizer(cfg, params);
+    for (int t = 1; t <= 2; ++t) golden_step(c, *opt, params, t);
+
+    std::stringstream buffer;
+    {
+      torch::serialize::OutputArchive archive;
+      opt->save(archive);
+      archive.save_to(buffer);
+    }
+    auto resumed = clone_params(params);
+    auto opt2 = make_optimizer(cfg, resumed);
+    {
+      torch::serialize::InputArchive archive;
+      archive.load_from(buffer);
+      opt2->load(archive);
+    }
+    for (int t = 3; t <= 5; ++t) {
+      golden_step(c, *opt, params, t);
+      golden_step(c, *opt2, resumed, t);
+    }
+    for (size_t j = 0; j < params.size(); ++j)
+      EXPECT_TRUE(torch::equal(params[j].second, resumed[j].second)) << params[j].first;
+    expect_matches(c, resumed, 5);
+  }
+}
+
+TEST(Optimizers, LambStateRoundTrips) {
+  auto params = initial_params();
+  OptimizerConfig cfg;
+  cfg.type = "Lamb";
+  auto opt = make_optimizer(cfg, params);
+  set_gradients(params, 1);
+  opt->step();
+  std::stringstream buffer;
+  torch::serialize::OutputArchive out;
+  opt->save(out);
+  out.save_to(buffer);
+  auto opt2 = make_optimizer(cfg, params);  // same tensors: same state keys
+  torch::serialize::InputArchive in;
+  in.load_from(buffer);
+  opt2->load(in);
+  ASSERT_EQ(opt2->state().size(), params.size());
+  for (const auto& [key, state] : opt->state()) {
+    const auto& a = static_cast<const LambParamState&>(*state);
+    const auto& b = static_cast<const LambParamState&>(*opt2->state().at(key));
+    EXPECT_TRUE(a == b);
+    EXPECT_EQ(b.step(), 1);
+  }
+}
+
+TEST(Optimizers, RejectsBadConfig) {
+  auto params = initial_params();
+  auto expect_input_error = [&](OptimizerConfig cfg, const std::string& mentions) {
+    try {
+      make_optimizer(cfg, params);
+      ADD_FAILURE() << "expected InputError mentioning " << mentions;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(mentions), std::string::npos) << e.what();
+    }
+  };
+  OptimizerConfig cfg;
+  cfg.type = "Adam";
+  cfg.bias_correction = false;
+  expect_input_error(cfg, "bias_correction");
+  cfg = OptimizerConfig{};
+  cfg.type = "RMSprop";
+  expect_input_error(cfg, "RMSprop");
+  cfg = OptimizerConfig{};
+  cfg.beta2 = 1.0;
+  expect_input_error(cfg, "betas[1]");
+  cfg = OptimizerConfig{};
+  cfg.type = "Lamb";
+  cfg.amsgrad = true;
+  expect_input_error(cfg, "amsgrad");
+  cfg = OptimizerConfig{};
+  cfg.type = "SGD";
+  cfg.nesterov = true;  // momentum 0
+  expect_input_error(cfg, "nesterov");
+  cfg = OptimizerConfig{};
+  cfg.lr = -1;
+  expect_input_error(cfg, "lr");
+  params.clear();
+  expect_input_error(OptimizerConfig{}, "no parameters");
+}
+
+}  // namespace
+}  // namespace polytrain
