@@ -14,18 +14,7 @@
 
 #include "common/config.h"
 
-namespace torch {
-namespace nn {
-class Module;
-}
-namespace optim {
-class Optimizer;
-}
-namespace serialize {
-class OutputArchive;
-class InputArchive;
-}  // namespace serialize
-}  // namespace torch
+#include "common/torch_fwd.h"
 
 namespace polytrain {
 

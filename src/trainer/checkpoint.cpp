@@ -5,14 +5,9 @@
 // A kill before 3 leaves `latest` naming the previous, complete checkpoint.
 #include "trainer/checkpoint.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 
 #include <torch/nn/module.h>
@@ -30,24 +25,6 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr int kFormatVersion = 1;
-
-void write_synced(const std::string& path, const std::string& bytes) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) throw InternalError("cannot create " + path + ": " + std::strerror(errno));
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      int e = errno;
-      ::close(fd);
-      throw InternalError("cannot write " + path + ": " + std::strerror(e));
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0)
-    throw InternalError("cannot sync " + path + ": " + std::strerror(errno));
-}
 
 }  // namespace
 
@@ -70,13 +47,13 @@ void write_checkpoint(const std::string& dir, const std::string& tag, const nloh
     std::ostringstream os;
     archive.save_to(os);
     const std::string bytes = os.str();
-    write_synced((tmp_dir / "state.pt").string(), bytes);
+    atomic_write_file((tmp_dir / "state.pt").string(), bytes);
     if (extra_files) extra_files(tmp_dir.string());
     nlohmann::json m = meta;
     m["format_version"] = kFormatVersion;
     m["tag"] = tag;
     m["files"]["state.pt"] = {{"size", bytes.size()}, {"crc32c", crc32c(bytes.data(), bytes.size())}};
-    write_synced((tmp_dir / "meta.json").string(), m.dump(2) + "\n");
+    atomic_write_file((tmp_dir / "meta.json").string(), m.dump(2) + "\n");
     fsync_dir(tmp_dir.string());
     if (fs::exists(final_dir)) fs::rename(final_dir, old_dir);
     fs::rename(tmp_dir, final_dir);

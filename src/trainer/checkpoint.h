@@ -8,15 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace torch {
-namespace nn {
-class Module;
-}
-namespace serialize {
-class OutputArchive;
-class InputArchive;
-}  // namespace serialize
-}  // namespace torch
+#include "common/torch_fwd.h"
 
 namespace polytrain {
 

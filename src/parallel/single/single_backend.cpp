@@ -32,14 +32,14 @@ c10::Device parse_device(const std::string& spec) {
 }
 
 double grad_norm(const std::vector<at::Tensor>& params) {
-  // Sum of squares in float64 so the norm does not depend on summation order of float32 halves.
-  double total = 0.0;
-  for (const auto& p : params) {
-    const auto& g = p.grad();
-    if (!g.defined()) continue;
-    total += g.to(torch::kDouble).pow(2).sum().item<double>();
-  }
-  return std::sqrt(total);
+  // Per-tensor sums of squares in float64 (so the norm does not depend on float32 summation
+  // order), added on the device; one host sync for the whole model.
+  std::vector<at::Tensor> sums;
+  sums.reserve(params.size());
+  for (const auto& p : params)
+    if (p.grad().defined()) sums.push_back(p.grad().to(torch::kDouble).pow(2).sum());
+  if (sums.empty()) return 0.0;
+  return std::sqrt(torch::stack(sums).sum().item<double>());
 }
 
 void clip_grads(const std::vector<at::Tensor>& params, double norm, double max_norm) {
