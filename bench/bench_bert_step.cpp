@@ -1,6 +1,9 @@
 // C++ side of bench/bert_step.sh: per-step time (forward + backward + clip + AdamW) of
 // polytrain's BertForMaskedLM on a fixed random batch, the same model, batch and threads as
-// bert_step_torch.py. Usage: bench_bert_step tiny|base STEPS THREADS [masked_only]
+// bert_step_torch.py. Usage: bench_bert_step tiny|base STEPS THREADS [MODE]
+// MODE: default (the trainer's default: fused LM loss, no [tokens, vocab] logits),
+//       dense (logits materialised + cross_entropy: the same kernels as the Python side),
+//       masked_only (fused loss and the head transform only at masked positions).
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -16,13 +19,13 @@ using namespace polytrain;
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: bench_bert_step tiny|base STEPS THREADS [masked_only]\n");
+    std::fprintf(stderr, "usage: bench_bert_step tiny|base STEPS THREADS [default|dense|masked_only]\n");
     return 2;
   }
   const std::string size = argv[1];
   const int steps = std::stoi(argv[2]);
   at::set_num_threads(std::stoi(argv[3]));
-  const bool masked_only = argc > 4 && std::string(argv[4]) == "masked_only";
+  const std::string mode = argc > 4 ? argv[4] : "default";
   torch::manual_seed(0);
   ModelConfig mc;
   int64_t batch = 32;
@@ -32,7 +35,8 @@ int main(int argc, char** argv) {
     batch = 8;
   }
   BertForMaskedLM model(mc);
-  model->score_masked_only_ = masked_only;
+  model->score_masked_only_ = mode == "masked_only";
+  model->fused_lm_loss_ = mode != "dense";
   OptimizerConfig oc;
   oc.type = "AdamW";
   oc.lr = 1e-4;

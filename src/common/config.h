@@ -167,6 +167,9 @@ struct ModelConfig {
   /// polytrain: compute the MLM head only at labelled positions (NVIDIA/Megatron BERT's
   /// sparse prediction): same loss, ~6x less head work at 15% masking.
   bool sparse_prediction = false;
+  /// polytrain: with labels, compute the LM loss chunk by chunk without materialising the
+  /// [tokens, vocab] logits (same loss and gradients to rounding; logits are not returned).
+  bool fused_lm_loss = true;
   /// Other HF keys (architectures, torch_dtype, ...) kept verbatim for export.
   nlohmann::json extra = nlohmann::json::object();
 };

@@ -315,7 +315,7 @@ void visit(V& v, ModelConfig& m) {
   v("max_position_embeddings", m.max_position_embeddings), v("type_vocab_size", m.type_vocab_size);
   v("layer_norm_eps", m.layer_norm_eps), v("initializer_range", m.initializer_range);
   v("pad_token_id", m.pad_token_id), v("tie_word_embeddings", m.tie_word_embeddings);
-  v("sparse_prediction", m.sparse_prediction);
+  v("sparse_prediction", m.sparse_prediction), v("fused_lm_loss", m.fused_lm_loss);
 }
 
 template <class V>

@@ -9,6 +9,7 @@
 #include <torch/nn/init.h>
 
 #include "common/error.h"
+#include "models/fused_lm_loss.h"
 
 namespace polytrain {
 
@@ -162,13 +163,16 @@ BertLMHeadImpl::BertLMHeadImpl(const ModelConfig& cfg, const at::Tensor& word_em
   bias = register_parameter("bias", torch::zeros({cfg.vocab_size}));
 }
 
+at::Tensor BertLMHeadImpl::transform(const at::Tensor& hidden) {
+  return LayerNorm(activation(act_, dense(hidden)));
+}
+
 at::Tensor BertLMHeadImpl::forward(const at::Tensor& hidden) {
-  auto h = LayerNorm(activation(act_, dense(hidden)));
-  return torch::nn::functional::linear(h, decoder_weight_, bias);
+  return torch::nn::functional::linear(transform(hidden), decoder_weight_, bias);
 }
 
 BertForMaskedLMImpl::BertForMaskedLMImpl(const ModelConfig& cfg)
-    : config_(cfg), score_masked_only_(cfg.sparse_prediction) {
+    : config_(cfg), score_masked_only_(cfg.sparse_prediction), fused_lm_loss_(cfg.fused_lm_loss) {
   PT_INPUT_CHECK(cfg.model_type == "bert" || cfg.model_type == "roberta", "model.model_type: '",
                  cfg.model_type, "' is not a masked-LM model this class builds (bert, roberta)");
   const bool roberta = is_roberta(cfg);
@@ -205,6 +209,18 @@ ModelOutput BertForMaskedLMImpl::forward(const at::Tensor& input_ids, const at::
                                          const at::Tensor& token_type_ids, const at::Tensor& labels) {
   ModelOutput out;
   out.hidden_states = encoder_model(input_ids, attention_mask, token_type_ids);
+  if (labels.defined() && fused_lm_loss_) {
+    auto h = out.hidden_states;
+    auto y = labels;
+    if (score_masked_only_) {
+      auto flat_labels = labels.reshape({-1});
+      auto idx = flat_labels.ne(-100).nonzero().squeeze(1);
+      h = h.reshape({-1, h.size(-1)}).index_select(0, idx);
+      y = flat_labels.index_select(0, idx);
+    }
+    out.loss = fused_linear_cross_entropy(lm_head->transform(h), lm_head->decoder_weight_, lm_head->bias, y);
+    return out;
+  }
   if (labels.defined() && score_masked_only_) {
     auto flat_labels = labels.reshape({-1});
     auto idx = flat_labels.ne(-100).nonzero().squeeze(1);

@@ -95,6 +95,8 @@ TORCH_MODULE(BertModel);
 struct BertLMHeadImpl : torch::nn::Module {
   BertLMHeadImpl(const ModelConfig& cfg, const at::Tensor& word_embeddings);
   at::Tensor forward(const at::Tensor& hidden);
+  /// dense + activation + LayerNorm: the hidden states the tied decoder projects.
+  at::Tensor transform(const at::Tensor& hidden);
   torch::nn::Linear dense{nullptr};
   torch::nn::LayerNorm LayerNorm{nullptr};
   at::Tensor decoder_weight_;  ///< tied: the word embedding matrix (not registered twice)
@@ -109,6 +111,8 @@ struct BertForMaskedLMImpl : torch::nn::Module {
   explicit BertForMaskedLMImpl(const ModelConfig& cfg);
   /// labels: -100 where no prediction is wanted. When score_masked_only is set, logits are
   /// computed only at labelled positions (same loss, less work; NVIDIA/Megatron BERT do this).
+  /// When fused_lm_loss is set and labels are given, the loss is computed without the [N, V]
+  /// logits (models/fused_lm_loss.h) and ModelOutput::logits is left undefined.
   ModelOutput forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
                       const at::Tensor& token_type_ids, const at::Tensor& labels = {});
   /// Re-draws every weight from N(0, initializer_range) as HF's _init_weights does.
@@ -116,6 +120,7 @@ struct BertForMaskedLMImpl : torch::nn::Module {
 
   ModelConfig config_;
   bool score_masked_only_ = false;
+  bool fused_lm_loss_ = true;
   BertModel encoder_model{nullptr};  ///< registered as "bert" or "roberta"
   BertLMHead lm_head{nullptr};       ///< registered as "cls.predictions" path or "lm_head"
 };

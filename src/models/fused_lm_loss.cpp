@@ -1,0 +1,153 @@
+#include "models/fused_lm_loss.h"
+
+#include <algorithm>
+
+#include <torch/torch.h>
+
+#include "common/error.h"
+
+namespace polytrain {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+at::Tensor compute_dtype(const at::Tensor& t) {
+  const auto s = t.scalar_type();
+  return s == at::kFloat || s == at::kDouble ? t : t.to(at::kFloat);
+}
+
+struct Grads {
+  at::Tensor dh, dw, db;
+};
+
+// Sum over rows of weight[r] * (-log softmax(h W^T + b)[r, y[r]]) and, when g is given, the
+// gradients of that sum with respect to h, W and b. Every row is projected (the same matmul
+// FLOPs as the dense path); weight 0 rows (ignore_index) drop out of loss and gradients.
+// One [chunk, V] logits buffer and one log-probability buffer are reused for every chunk.
+at::Tensor chunked_loss(const at::Tensor& h, const at::Tensor& w, const at::Tensor& b, const at::Tensor& y,
+                        const at::Tensor& row_weight, int64_t chunk, bool need_h, bool need_w, bool need_b,
+                        Grads* g) {
+  const int64_t n = h.size(0), v = w.size(0);
+  auto loss = at::zeros({}, h.options());
+  if (g) {
+    if (need_h) g->dh = at::empty_like(h);
+    if (need_w) g->dw = at::zeros_like(w);
+    if (need_b && b.defined()) g->db = at::zeros_like(b);
+  }
+  if (n == 0) return loss;
+  chunk = std::min(chunk, n);
+  auto wt = w.t();
+  auto logits_buf = at::empty({chunk, v}, h.options());
+  auto logp_buf = at::empty({chunk, v}, h.options());
+  auto minus_one = at::full({chunk, 1}, -1.0, h.options());
+  for (int64_t i = 0; i < n; i += chunk) {
+    const int64_t c = std::min(chunk, n - i);
+    auto hc = h.narrow(0, i, c);
+    auto yc = y.narrow(0, i, c).unsqueeze(1);
+    auto rw = row_weight.narrow(0, i, c);
+    auto logits = logits_buf.narrow(0, 0, c);
+    if (b.defined()) {
+      at::addmm_out(logits, b, hc, wt);
+    } else {
+      at::mm_out(logits, hc, wt);
+    }
+    auto logp = logp_buf.narrow(0, 0, c);
+    at::_log_softmax_out(logp, logits, 1, false);
+    loss.sub_(at::dot(logp.gather(1, yc).squeeze(1), rw));
+    if (!g) continue;
+    // d(sum)/d(logits) = weight[r] * (softmax - onehot); the row weight is applied to the
+    // thin [c, H] operands and a gemv instead of another pass over the [c, V] block.
+    auto p = logp.exp_();
+    p.scatter_add_(1, yc, minus_one.narrow(0, 0, c));
+    auto rw_col = rw.unsqueeze(1);
+    if (need_h) {
+      auto dhc = g->dh.narrow(0, i, c);
+      at::mm_out(dhc, p, w).mul_(rw_col);
+    }
+    if (need_w) g->dw.addmm_(p.t(), hc * rw_col);
+    if (g->db.defined()) g->db.addmv_(p.t(), rw);
+  }
+  return loss;
+}
+
+int64_t default_chunk(int64_t v) {
+  return std::max<int64_t>(16, (int64_t{32} << 20) / (4 * std::max<int64_t>(v, 1)));
+}
+
+// Flattened rows, labels made safe for gather (ignore_index -> 0) and weights 1/n or 0.
+struct Rows {
+  at::Tensor h, y, weight;
+  int64_t labelled;
+};
+
+Rows flatten(const at::Tensor& hidden, const at::Tensor& labels, int64_t ignore_index) {
+  Rows r;
+  r.h = compute_dtype(hidden).reshape({-1, hidden.size(-1)}).contiguous();
+  auto y = labels.reshape({-1});
+  auto valid = y.ne(ignore_index);
+  r.labelled = valid.sum().item<int64_t>();
+  r.y = y.masked_fill(~valid, 0);
+  // 0/0 -> NaN loss when nothing is labelled, as torch's cross_entropy.
+  const double inv = r.labelled > 0 ? 1.0 / static_cast<double>(r.labelled) : std::nan("");
+  r.weight = valid.to(r.h.scalar_type()) * inv;
+  if (r.labelled == 0) r.weight.zero_();
+  return r;
+}
+
+at::Tensor finish(const at::Tensor& sum, const Rows& r, at::ScalarType dtype) {
+  auto loss = r.labelled > 0 ? sum : at::full({}, std::nan(""), sum.options());
+  return loss.to(dtype);
+}
+
+struct FusedLinearCE : torch::autograd::Function<FusedLinearCE> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
+                            const at::Tensor& bias_or_empty, const at::Tensor& labels, int64_t ignore_index,
+                            int64_t chunk) {
+    // libtorch 1.13's Function::apply rejects undefined inputs: "no bias" arrives as numel 0.
+    const at::Tensor bias = bias_or_empty.numel() > 0 ? bias_or_empty : at::Tensor();
+    auto rows = flatten(hidden, labels, ignore_index);
+    Grads g;
+    auto sum = chunked_loss(rows.h, compute_dtype(weight), bias.defined() ? compute_dtype(bias) : bias, rows.y,
+                            rows.weight, chunk, ctx->needs_input_grad(0), ctx->needs_input_grad(1),
+                            bias.defined() && ctx->needs_input_grad(2), &g);
+    if (g.dh.defined()) ctx->saved_data["dh"] = g.dh.to(hidden.scalar_type()).reshape(hidden.sizes());
+    if (g.dw.defined()) ctx->saved_data["dw"] = g.dw.to(weight.scalar_type());
+    if (g.db.defined()) ctx->saved_data["db"] = g.db.to(bias.scalar_type());
+    return finish(sum, rows, hidden.scalar_type());
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    const auto& go = grad_out[0];
+    variable_list grads(6);
+    auto& sd = ctx->saved_data;
+    if (sd.count("dh")) grads[0] = sd["dh"].toTensor() * go;
+    if (sd.count("dw")) grads[1] = sd["dw"].toTensor() * go;
+    if (sd.count("db")) grads[2] = sd["db"].toTensor() * go;
+    return grads;
+  }
+};
+
+}  // namespace
+
+at::Tensor fused_linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
+                                      const at::Tensor& bias, const at::Tensor& labels,
+                                      int64_t ignore_index, int64_t chunk_rows) {
+  PT_CHECK(hidden.size(-1) == weight.size(1), "fused_linear_cross_entropy: hidden size ",
+           hidden.size(-1), " does not match weight ", weight.sizes());
+  PT_CHECK(hidden.numel() / hidden.size(-1) == labels.numel(), "fused_linear_cross_entropy: ",
+           labels.numel(), " labels for ", hidden.numel() / hidden.size(-1), " rows");
+  const int64_t chunk = chunk_rows > 0 ? chunk_rows : default_chunk(weight.size(0));
+  const bool grad = at::GradMode::is_enabled() &&
+                    (hidden.requires_grad() || weight.requires_grad() || (bias.defined() && bias.requires_grad()));
+  if (grad) {
+    return FusedLinearCE::apply(hidden, weight, bias.defined() ? bias : at::empty({0}, weight.options()), labels,
+                                ignore_index, chunk);
+  }
+  auto rows = flatten(hidden, labels, ignore_index);
+  auto sum = chunked_loss(rows.h, compute_dtype(weight), bias.defined() ? compute_dtype(bias) : bias, rows.y,
+                          rows.weight, chunk, false, false, false, nullptr);
+  return finish(sum, rows, hidden.scalar_type());
+}
+
+}  // namespace polytrain
