@@ -11,6 +11,7 @@ PACKAGES=(
   build-essential cmake git ca-certificates ccache pkg-config
   libtorch-dev libopenblas0-openmp      # libtorch; OpenBLAS replaces the reference BLAS (5x on a BERT step)
   nlohmann-json3-dev libcli11-dev       # config + flags (header-only)
+  openmpi-bin libopenmpi-dev            # the openmpi launcher and MPI communicator
   libgtest-dev libgmock-dev             # tests
 )
 # npm fetches the BERT vocab; an npm already on PATH (e.g. a non-Debian Node.js) is used as is,

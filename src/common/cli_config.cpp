@@ -58,6 +58,7 @@ void add_config_flags(CLI::App& app, ConfigFlags& flags) {
   app.add_option("--config", flags.config_path,
                  "JSON config: a DeepSpeed config plus optional model/data/trainer sections");
   app.add_flag("--print_config", flags.print_config, "print the resolved config as JSON and exit");
+  app.add_option("--local_rank", flags.local_rank, "set by launchers; the rank comes from the environment");
   auto trainer = [](const char* key) { return std::vector<std::string>{"trainer", key}; };
   add_value<std::string>(app, flags, "--env_type", trainer("env_type"),
                          "pytorch, pytorchDDP, deepspeed, deepspeed+mpu or hivemind");

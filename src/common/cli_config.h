@@ -21,6 +21,9 @@ namespace polytrain {
 struct ConfigFlags {
   std::string config_path;    ///< --config FILE; "" = no file (the config is {} plus overrides)
   bool print_config = false;  ///< --print_config: the program prints config_to_json and exits
+  /// --local_rank=N as launchers append it (torch.distributed.launch / DeepSpeed style); the
+  /// rank itself is read from the environment (common/dist_env.h).
+  int local_rank = -1;
   /// The given flags at their JSON paths, e.g. {"trainer": {"epochs": 3}} for --epochs 3.
   nlohmann::json overrides = nlohmann::json::object();
 };

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "common/config_keys.h"
+#include "common/dist_env.h"
 #include "common/error.h"
 
 namespace polytrain {
@@ -266,13 +267,7 @@ BatchKeys read_batch_keys(ObjectReader& r) {
 
 int64_t world_size_or_env(int64_t world_size) {
   if (world_size >= 1) return world_size;
-  const char* env = std::getenv("WORLD_SIZE");
-  if (!env || !*env) return 1;
-  char* end = nullptr;
-  errno = 0;
-  const long long v = std::strtoll(env, &end, 10);
-  if (errno || *end || v < 1) throw InputError(cat("WORLD_SIZE='", env, "' is not a positive integer"));
-  return v;
+  return read_dist_env().world_size;  // WORLD_SIZE, else Open MPI / PMI / Slurm, else 1
 }
 
 // DeepSpeed's _set_batch_related_parameters + _batch_assertion. Where DeepSpeed floors a

@@ -162,7 +162,12 @@ TrainResult Trainer::train(std::shared_ptr<torch::nn::Module> model, const Batch
   auto schedule = make_lr_schedule(cfg_.scheduler, cfg_.optimizer.lr);
 
   int64_t step = 0;
-  if (!opts.load_dir.empty()) {
+  // --load_dir D --save_dir D on a first start (or a restart before the first save): nothing
+  // to resume yet, so start at step 0, as DeepSpeed's load_checkpoint does without 'latest'.
+  const bool nothing_saved_yet = !opts.load_dir.empty() && !fs::exists(fs::path(opts.load_dir) / "latest") &&
+                                 fs::weakly_canonical(opts.load_dir) == fs::weakly_canonical(save_dir_);
+  if (nothing_saved_yet) metrics_->print_line("no checkpoint in " + opts.load_dir + " yet: starting at step 0");
+  if (!opts.load_dir.empty() && !nothing_saved_yet) {
     const std::string tag = latest_checkpoint_tag(opts.load_dir);
     at::Tensor rng_state;
     auto meta = read_checkpoint(opts.load_dir, tag, [&](torch::serialize::InputArchive& a) {

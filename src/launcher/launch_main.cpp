@@ -1,0 +1,292 @@
+// `launch [options] PROGRAM [ARGS...]`: DeepSpeed-runner hostfile/filter semantics, the
+// torchrun worker environment, local spawning with supervision, multi-node through pdsh,
+// ssh, Open MPI or Slurm, and --max_restarts. Flags are documented in README ("Launcher").
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "common/main_guard.h"
+#include "launcher/env_file.h"
+#include "launcher/hostfile.h"
+#include "launcher/plan.h"
+#include "launcher/runners.h"
+#include "launcher/supervisor.h"
+
+using namespace polytrain;
+using namespace polytrain::launcher;
+using ::polytrain::detail::cat;
+
+namespace {
+
+std::string self_exe() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "launch";
+}
+
+std::string current_dir() {
+  char buf[4096];
+  return getcwd(buf, sizeof(buf)) ? std::string(buf) : ".";
+}
+
+bool file_exists(const std::string& p) {
+  struct stat st {};
+  return stat(p.c_str(), &st) == 0;
+}
+
+int local_gpu_count() {
+  int n = 0;
+  while (file_exists("/dev/nvidia" + std::to_string(n))) ++n;
+  return n;
+}
+
+// PROGRAM as given when it names a path or is on PATH; else the file of that name next to
+// this launcher (build/ and bin/ hold both), so `build/launch train_bert` works.
+std::string resolve_program(const std::string& program, bool must_exist) {
+  if (program.find('/') != std::string::npos || !find_in_path(program).empty()) return program;
+  const std::string exe = self_exe();
+  const std::string sibling = exe.substr(0, exe.rfind('/') + 1) + program;
+  if (access(sibling.c_str(), X_OK) == 0) return sibling;
+  if (must_exist) throw InputError(cat("program '", program, "' is not on PATH nor next to ", exe));
+  return program;
+}
+
+void make_dirs(const std::string& dir) {
+  std::string path;
+  std::istringstream in(dir);
+  for (std::string part; std::getline(in, part, '/');) {
+    path += part + "/";
+    if (!part.empty()) mkdir(path.c_str(), 0755);
+  }
+  struct stat st {};
+  if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) throw InputError(cat("--log_dir: cannot create '", dir, "'"));
+}
+
+struct Job {
+  std::string launcher;             // local (this node's ranks), pdsh, ssh, openmpi, slurm
+  int node = 0;                     // for local: which node of the plan runs here
+  std::vector<ProcSpec> procs;      // what the supervisor starts
+  nlohmann::json hosts_commands;    // per host: the commands that run there (dry run)
+  Argv runner;                      // pdsh / mpirun / srun argv, empty otherwise
+  std::string mpi_hostfile_text;
+};
+
+// The processes of this node's ranks, started directly.
+void local_procs(const LaunchOptions& o, const WorldPlan& plan, int node, const EnvList& exports, int restart,
+                 Job& job) {
+  const auto& n = plan.nodes.at(node);
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const bool set_threads = !std::getenv("OMP_NUM_THREADS") && n.ranks.size() > 1;
+  for (size_t i = 0; i < n.ranks.size(); ++i) {
+    EnvList env = exports;
+    if (set_threads) {  // torchrun sets 1; a fair share of the cores wastes less of a CPU host
+      set_env(env, "OMP_NUM_THREADS", std::to_string(std::max<size_t>(1, cores / n.ranks.size())));
+    }
+    for (const auto& [k, v] : worker_env(plan, node, static_cast<int>(i), restart)) set_env(env, k, v);
+    ProcSpec p;
+    p.label = cat("rank ", n.ranks[i], " (host ", n.host, ")");
+    p.prefix = cat("[rank ", n.ranks[i], "] ");
+    p.argv = worker_argv(o, static_cast<int>(i));
+    p.env = make_environment(env);
+    if (!o.log_dir.empty()) p.log_path = cat(o.log_dir, "/rank_", n.ranks[i], ".log");
+    Argv shown;
+    for (const auto& [k, v] : worker_env(plan, node, static_cast<int>(i), restart)) shown.push_back(k + "=" + v);
+    if (set_threads) shown.push_back("OMP_NUM_THREADS=" + std::to_string(std::max<size_t>(1, cores / n.ranks.size())));
+    shown.insert(shown.end(), p.argv.begin(), p.argv.end());
+    job.hosts_commands[n.host].push_back(join_command(shown));
+    job.procs.push_back(std::move(p));
+  }
+}
+
+Job build_job(const LaunchOptions& o, const WorldPlan& plan, const std::string& launcher, int node_rank, int restart) {
+  Job job;
+  job.launcher = launcher;
+  const EnvList file_env = load_env_files();
+  if (launcher == "local") {
+    job.node = node_rank;
+    local_procs(o, plan, node_rank, file_env, restart, job);
+    return job;
+  }
+  const std::string binary = launcher == "openmpi" ? "mpirun" : launcher == "slurm" ? "srun" : launcher;
+  if (!o.dry_run && find_in_path(binary).empty()) {
+    throw InputError(cat("--launcher ", launcher, ": '", binary, "' is not installed (not found on PATH)"));
+  }
+  EnvList exports = remote_exports(file_env);
+  if (restart > 0) set_env(exports, "TORCHELASTIC_RESTART_COUNT", std::to_string(restart));
+  const std::string cwd = current_dir();
+  if (launcher == "openmpi" || launcher == "slurm") {
+    job.mpi_hostfile_text = mpirun_hostfile(plan);
+    job.runner = launcher == "openmpi" ? mpirun_argv(o, plan, exports, "<generated hostfile>")
+                                       : srun_argv(o, plan, exports);
+    for (const auto& n : plan.nodes)
+      for (size_t i = 0; i < n.ranks.size(); ++i) job.hosts_commands[n.host].push_back(join_command(o.program));
+  } else {
+    for (size_t k = 0; k < plan.nodes.size(); ++k) {
+      const std::string cmd =
+          remote_shell_command(cwd, exports, node_launcher_argv(o, plan, std::to_string(k), self_exe()));
+      job.hosts_commands[plan.nodes[k].host].push_back(cmd);
+      if (launcher == "ssh") {
+        ProcSpec p;
+        p.label = cat("host ", plan.nodes[k].host, " (ssh)");
+        p.argv = ssh_argv(o, plan.nodes[k].host, cmd);
+        p.env = make_environment({});
+        p.stdin_pipe = true;
+        job.procs.push_back(std::move(p));
+      }
+    }
+    if (launcher == "pdsh") {
+      job.runner = pdsh_argv(o, plan, remote_shell_command(cwd, exports, node_launcher_argv(o, plan, "%n", self_exe())));
+    }
+  }
+  if (!job.runner.empty()) {
+    ProcSpec p;
+    p.label = launcher;
+    p.argv = job.runner;
+    p.env = make_environment(launcher == "pdsh" ? EnvList{{"PDSH_RCMD_TYPE", "ssh"}} : EnvList{});
+    p.watch_node_failures = launcher == "pdsh";
+    job.procs.push_back(std::move(p));
+  }
+  return job;
+}
+
+int run(int argc, char** argv) {
+  LaunchOptions o;
+  CLI::App app{"launch: start PROGRAM on every slot of the hosts in a DeepSpeed-style hostfile"};
+  app.prefix_command();  // everything from PROGRAM on belongs to PROGRAM
+  auto* hf = app.add_option("-H,--hostfile", o.hostfile, "hostfile: lines 'HOST slots=N' (default /job/hostfile; absent = this machine)");
+  app.add_option("-i,--include", o.include, "only these resources: NAME[:SLOT[,SLOT...]][@NAME...]");
+  app.add_option("-e,--exclude", o.exclude, "all resources but these: NAME[:SLOT[,SLOT...]][@NAME...]");
+  app.add_option("--num_nodes", o.num_nodes, "use the first N hosts");
+  app.add_option("--num_gpus,--num_procs", o.num_gpus, "slots per host (on a CPU host a slot is a process)");
+  app.add_option("--master_addr", o.master_addr, "rendezvous address (default: the first host)");
+  app.add_option("--master_port", o.master_port, "rendezvous port")->default_val(29500);
+  app.add_option("--launcher", o.launcher, "local, pdsh, ssh, openmpi, slurm (default: local for this machine, else pdsh, else ssh)")
+      ->check(CLI::IsMember({"local", "pdsh", "ssh", "openmpi", "slurm"}));
+  app.add_option("--launcher_args", o.launcher_args, "extra arguments for pdsh/ssh/mpirun/srun");
+  app.add_option("--node_rank", o.node_rank, "with --no_ssh: which host of the hostfile this is");
+  app.add_flag("--no_ssh", o.no_ssh, "start only this node's ranks (run launch on every node by hand)");
+  app.add_option("--max_restarts", o.max_restarts, "restart the whole group up to N times after a failure")->check(CLI::NonNegativeNumber);
+  app.add_option("--log_dir", o.log_dir, "also write each rank's output to LOG_DIR/rank_<R>.log");
+  app.add_flag("--no_local_rank", o.no_local_rank, "do not append --local_rank=N to the program's arguments");
+  app.add_flag("--dry_run", o.dry_run, "print the plan as JSON and exit");
+  app.add_option("--term_timeout", o.term_timeout, "seconds from SIGTERM to SIGKILL when stopping workers")->check(CLI::NonNegativeNumber);
+  app.add_option("--slot_type", o.slot_type, "gpu (set CUDA_VISIBLE_DEVICES), cpu, auto")->check(CLI::IsMember({"gpu", "cpu", "auto"}));
+  app.add_option("--world_info", o.world_info, "internal: the plan, for per-node launchers")->group("");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    throw InputError(std::string("command line: ") + e.what() + " (see --help)");
+  }
+  o.program = app.remaining();
+  if (!o.program.empty() && o.program.front() == "--") {
+    o.program.erase(o.program.begin());
+  } else if (!o.program.empty() && o.program.front().rfind("-", 0) == 0) {
+    throw InputError(cat("command line: unknown option '", o.program.front(), "' (see --help)"));
+  }
+  if (o.program.empty()) throw InputError("command line: no PROGRAM given (launch [options] PROGRAM [ARGS...])");
+  o.hostfile_given = hf->count() > 0;
+  const bool gpu_slots = o.slot_type == "gpu" || (o.slot_type == "auto" && local_gpu_count() > 0);
+
+  ResourcePool pool;
+  std::string launcher = o.launcher;
+  int node_rank = 0;
+  int restart_base = 0;  // a per-node launcher inherits the group's restart count
+  if (!o.world_info.empty()) {  // a per-node launcher started by pdsh/ssh
+    pool = decode_pool(o.world_info);
+    PT_INPUT_CHECK(o.node_rank >= 0 && o.node_rank < static_cast<int>(pool.size()), "--node_rank ", o.node_rank,
+                   " is not a node of --world_info (", pool.size(), " nodes)");
+    hangup_when_parent_dies();  // the ssh session ending stops this node's workers
+    launcher = "local", node_rank = o.node_rank;
+    if (const char* r = std::getenv("TORCHELASTIC_RESTART_COUNT")) restart_base = std::atoi(r);
+  } else {
+    if ((o.num_nodes > 0 || o.num_gpus > 0) && (!o.include.empty() || !o.exclude.empty())) {
+      throw InputError("--num_nodes/--num_gpus cannot be combined with --include/--exclude");
+    }
+    const bool have_hostfile = o.hostfile_given || file_exists(o.hostfile);
+    if (have_hostfile) {
+      pool = read_hostfile(o.hostfile);
+    } else {
+      const int slots = o.num_gpus > 0 ? o.num_gpus : std::max(1, local_gpu_count());
+      HostSlots h{"localhost", {}};
+      for (int i = 0; i < slots; ++i) h.slots.push_back(i);
+      pool.push_back(h);
+    }
+    pool = limit_resources(filter_resources(pool, o.include, o.exclude), o.num_nodes, o.num_gpus);
+    if (o.no_ssh) {
+      PT_INPUT_CHECK(o.node_rank >= 0 && o.node_rank < static_cast<int>(pool.size()),
+                     "--no_ssh needs --node_rank between 0 and ", pool.size() - 1, " (got ", o.node_rank, ")");
+      PT_INPUT_CHECK(launcher.empty() || launcher == "local", "--no_ssh starts this node only; drop --launcher ", launcher);
+      launcher = "local", node_rank = o.node_rank;
+    } else if (launcher.empty()) {
+      const bool here = pool.size() == 1 && is_local_host(pool.front().host);
+      launcher = here ? "local" : !find_in_path("pdsh").empty() ? "pdsh" : "ssh";
+    } else if (launcher == "local") {
+      PT_INPUT_CHECK(pool.size() == 1 && is_local_host(pool.front().host), "--launcher local runs on this machine only, but the plan has ",
+                     pool.size(), " host(s) starting with '", pool.front().host, "'; use pdsh, ssh, openmpi or slurm");
+    }
+  }
+  const WorldPlan plan = make_plan(pool, o.master_addr, o.master_port, gpu_slots);
+  if (launcher == "local" || launcher == "openmpi" || launcher == "slurm") {
+    o.program.front() = resolve_program(o.program.front(), launcher == "local" && !o.dry_run);
+  }
+
+  if (o.dry_run) {
+    const Job job = build_job(o, plan, launcher, node_rank, 0);
+    auto j = plan_to_json(plan);
+    j["launcher"] = launcher;
+    for (auto& h : j["hosts"]) {
+      const std::string host = h["host"];
+      h["commands"] = job.hosts_commands.contains(host) ? job.hosts_commands[host] : nlohmann::json::array();
+    }
+    if (!job.runner.empty()) j["runner_command"] = join_command(job.runner);
+    if (!job.mpi_hostfile_text.empty() && launcher == "openmpi") j["generated_hostfile"] = job.mpi_hostfile_text;
+    std::cout << j.dump(2) << std::endl;
+    return 0;
+  }
+  if (!o.log_dir.empty()) make_dirs(o.log_dir);
+  SuperviseOptions so;
+  so.term_timeout = o.term_timeout;
+  for (int attempt = 0;; ++attempt) {
+    Job job = build_job(o, plan, launcher, node_rank, restart_base + attempt);
+    std::string mpi_hostfile;
+    if (launcher == "openmpi") {  // mpirun reads the selected hosts from a file we write
+      char tmpl[] = "/tmp/polytrain-mpi-hostfile-XXXXXX";
+      const int fd = mkstemp(tmpl);
+      PT_CHECK(fd >= 0, "mkstemp");
+      mpi_hostfile = tmpl;
+      PT_CHECK(write(fd, job.mpi_hostfile_text.data(), job.mpi_hostfile_text.size()) ==
+                   static_cast<ssize_t>(job.mpi_hostfile_text.size()), "write ", mpi_hostfile);
+      close(fd);
+      job.procs.back().argv = mpirun_argv(o, plan, remote_exports(load_env_files()), mpi_hostfile);
+    }
+    if (attempt == 0 || launcher != "local" || node_rank == 0) {
+      std::fprintf(stderr, "launch: %s, world size %d on %zu host(s), master %s:%d%s\n", launcher.c_str(),
+                   plan.world_size, plan.nodes.size(), plan.master_addr.c_str(), plan.master_port,
+                   attempt ? cat(", restart ", attempt, " of ", o.max_restarts).c_str() : "");
+    }
+    const Outcome out = supervise(job.procs, so);
+    if (!mpi_hostfile.empty()) unlink(mpi_hostfile.c_str());
+    if (!o.world_info.empty() && out.failed >= 0) {  // tell the launcher that started this node
+      std::fprintf(stderr, "%s\n", node_failure_line(node_rank, out.exit_code).c_str());
+    }
+    if (out.exit_code == 0 || out.launcher_signal != 0 || attempt >= o.max_restarts) return out.exit_code;
+    std::fprintf(stderr, "launch: restarting the group (restart %d of %d)\n", attempt + 1, o.max_restarts);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return run_main([&] { return run(argc, argv); });
+}

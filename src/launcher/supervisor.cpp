@@ -1,0 +1,387 @@
+#include "launcher/supervisor.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <dirent.h>
+#include <fstream>
+#include <map>
+#include <regex>
+
+#include "common/error.h"
+
+extern char** environ;
+
+namespace polytrain::launcher {
+namespace {
+
+using ::polytrain::detail::cat;
+using Clock = std::chrono::steady_clock;
+
+int g_signal_pipe[2] = {-1, -1};
+
+void on_signal(int signo) {
+  const int saved = errno;
+  const unsigned char b = static_cast<unsigned char>(signo);
+  if (write(g_signal_pipe[1], &b, 1) < 0) {
+  }  // full pipe: a wake-up is already pending
+  errno = saved;
+}
+
+const int kSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD};
+
+struct SignalScope {  // the handlers live exactly as long as one supervise() call
+  struct sigaction old[4];
+  SignalScope() {
+    if (pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) throw InternalError(cat("pipe2: ", std::strerror(errno)));
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_NOCLDSTOP;
+    for (int i = 0; i < 4; ++i) sigaction(kSignals[i], &sa, &old[i]);
+  }
+  ~SignalScope() {
+    for (int i = 0; i < 4; ++i) sigaction(kSignals[i], &old[i], nullptr);
+    close(g_signal_pipe[0]);
+    close(g_signal_pipe[1]);
+    g_signal_pipe[0] = g_signal_pipe[1] = -1;
+  }
+};
+
+struct Stream {
+  int fd = -1;
+  FILE* out = nullptr;  // stdout or stderr
+  std::string pending;  // a partial line
+};
+
+struct Proc {
+  const ProcSpec* spec = nullptr;
+  pid_t pid = -1;
+  bool reaped = false;
+  int status = 0;
+  int stdin_fd = -1;
+  Stream streams[2];
+  FILE* log = nullptr;
+  std::deque<std::string> tail;
+  int reported_code = -1;  // from a node failure line (watch_node_failures)
+};
+
+// Processes whose parent is this launcher other than `known`: descendants of workers that
+// were re-parented here (we are their subreaper).
+std::vector<pid_t> adopted_children(const std::vector<pid_t>& known) {
+  std::vector<pid_t> out;
+  const pid_t self = getpid();
+  DIR* d = opendir("/proc");
+  if (!d) return out;
+  while (dirent* e = readdir(d)) {
+    char* end = nullptr;
+    const long pid = std::strtol(e->d_name, &end, 10);
+    if (*end || pid <= 0) continue;
+    std::ifstream f(std::string("/proc/") + e->d_name + "/stat");
+    std::string stat;
+    std::getline(f, stat);
+    const auto close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 2));
+    char state = 0;
+    long ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == self && std::find(known.begin(), known.end(), pid) == known.end()) out.push_back(static_cast<pid_t>(pid));
+  }
+  closedir(d);
+  return out;
+}
+
+// The exit code announced by a per-node launcher's failure line, or -1.
+int node_failure_code(const std::string& line) {
+  static const std::regex re("polytrain-launch: node [0-9]+ failed with exit code ([0-9]+)");
+  std::smatch m;
+  return std::regex_search(line, m, re) ? std::stoi(m[1]) : -1;
+}
+
+void emit_line(Proc& p, Stream& s, const std::string& line, int tail_lines) {
+  const std::string text = p.spec->prefix + line + "\n";
+  std::fwrite(text.data(), 1, text.size(), s.out);
+  std::fflush(s.out);
+  if (p.log) {
+    std::fwrite(line.data(), 1, line.size(), p.log);
+    std::fputc('\n', p.log);
+    std::fflush(p.log);
+  }
+  p.tail.push_back(line);
+  while (static_cast<int>(p.tail.size()) > tail_lines) p.tail.pop_front();
+  if (p.spec->watch_node_failures && p.reported_code < 0) p.reported_code = node_failure_code(line);
+}
+
+// Reads what is available; returns false at EOF.
+bool pump(Proc& p, Stream& s, int tail_lines) {
+  char buf[65536];
+  const ssize_t n = read(s.fd, buf, sizeof(buf));
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return true;
+  if (n <= 0) {
+    if (!s.pending.empty()) emit_line(p, s, s.pending, tail_lines);
+    s.pending.clear();
+    close(s.fd);
+    s.fd = -1;
+    return false;
+  }
+  s.pending.append(buf, static_cast<size_t>(n));
+  size_t start = 0;
+  for (size_t nl; (nl = s.pending.find('\n', start)) != std::string::npos; start = nl + 1) {
+    emit_line(p, s, s.pending.substr(start, nl - start), tail_lines);
+  }
+  s.pending.erase(0, start);
+  return true;
+}
+
+std::vector<char*> c_strings(const std::vector<std::string>& v) {
+  std::vector<char*> out;
+  for (const auto& s : v) out.push_back(const_cast<char*>(s.c_str()));
+  out.push_back(nullptr);
+  return out;
+}
+
+void start(Proc& p) {
+  int out[2], err[2], in[2] = {-1, -1};
+  if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0 || (p.spec->stdin_pipe && pipe2(in, O_CLOEXEC) != 0)) {
+    throw InternalError(cat("pipe2: ", std::strerror(errno)));
+  }
+  auto argv = c_strings(p.spec->argv);
+  auto envp = c_strings(p.spec->env);
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) throw InternalError(cat("fork: ", std::strerror(errno)));
+  if (pid == 0) {
+    // Child: own process group (so the whole worker tree can be signalled), killed with the
+    // launcher, default signal dispositions, output into the pipes.
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(137);  // the launcher died before prctl took effect
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    for (int s : kSignals) signal(s, SIG_DFL);
+    signal(SIGPIPE, SIG_DFL);
+    const int devnull = open("/dev/null", O_RDONLY);
+    dup2(p.spec->stdin_pipe ? in[0] : devnull, 0);
+    dup2(out[1], 1);
+    dup2(err[1], 2);
+    execvpe(argv[0], argv.data(), envp.data());
+    dprintf(2, "cannot run '%s': %s\n", argv[0], std::strerror(errno));
+    _exit(127);
+  }
+  setpgid(pid, pid);  // also from the parent: no window where the child is in our group
+  p.pid = pid;
+  close(out[1]);
+  close(err[1]);
+  if (in[0] >= 0) close(in[0]);
+  p.stdin_fd = in[1];
+  p.streams[0] = {out[0], stdout, {}};
+  p.streams[1] = {err[0], stderr, {}};
+  for (auto& s : p.streams) fcntl(s.fd, F_SETFL, fcntl(s.fd, F_GETFL) | O_NONBLOCK);
+}
+
+int exit_code_of(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+std::string describe(int status) {
+  if (WIFSIGNALED(status)) return cat("was killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)), ")");
+  return cat("exited with code ", exit_code_of(status));
+}
+
+}  // namespace
+
+std::vector<std::string> make_environment(const std::vector<std::pair<std::string, std::string>>& overrides) {
+  std::map<std::string, std::string> env;
+  std::vector<std::string> order;
+  for (char** e = environ; e && *e; ++e) {
+    const std::string kv(*e);
+    const auto eq = kv.find('=');
+    if (eq == std::string::npos) continue;
+    const std::string k = kv.substr(0, eq);
+    if (!env.count(k)) order.push_back(k);
+    env[k] = kv.substr(eq + 1);
+  }
+  for (const auto& [k, v] : overrides) {
+    if (!env.count(k)) order.push_back(k);
+    env[k] = v;
+  }
+  std::vector<std::string> out;
+  for (const auto& k : order) out.push_back(k + "=" + env[k]);
+  return out;
+}
+
+void hangup_when_parent_dies() { prctl(PR_SET_PDEATHSIG, SIGHUP); }
+
+std::string node_failure_line(int node, int exit_code) {
+  return cat("polytrain-launch: node ", node, " failed with exit code ", exit_code);
+}
+
+Outcome supervise(const std::vector<ProcSpec>& specs, const SuperviseOptions& opts) {
+  SignalScope signals;
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
+  std::vector<Proc> procs(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    procs[i].spec = &specs[i];
+    if (!specs[i].log_path.empty()) {
+      procs[i].log = std::fopen(specs[i].log_path.c_str(), "w");
+      if (!procs[i].log) throw InputError(cat("--log_dir: cannot write '", specs[i].log_path, "': ", std::strerror(errno)));
+    }
+  }
+  Outcome result;
+  bool stopping = false, killed = false;
+  Clock::time_point kill_at{}, drain_until{};
+  auto begin_stop = [&] {
+    if (stopping) return;
+    stopping = true;
+    kill_at = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(opts.term_timeout * 1000));
+    for (auto& p : procs) {
+      if (p.stdin_fd >= 0) close(p.stdin_fd), p.stdin_fd = -1;
+      if (p.pid > 0 && !p.reaped) kill(-p.pid, SIGTERM);
+    }
+  };
+  auto kill_all = [&] {
+    killed = true;
+    for (auto& p : procs)
+      if (p.pid > 0 && !p.reaped) kill(-p.pid, SIGKILL);
+  };
+  auto reap = [&] {
+    for (size_t i = 0; i < procs.size(); ++i) {
+      auto& p = procs[i];
+      if (p.reported_code > 0 && result.failed < 0 && !stopping) {
+        result.failed = static_cast<int>(i);
+        begin_stop();
+      }
+      if (p.pid <= 0 || p.reaped) continue;
+      int st = 0;
+      if (waitpid(p.pid, &st, WNOHANG) != p.pid) continue;
+      p.reaped = true;
+      p.status = st;
+      if (exit_code_of(st) != 0 && result.failed < 0 && !stopping) {
+        result.failed = static_cast<int>(i);
+        begin_stop();
+      }
+    }
+  };
+
+  // What workers left behind (re-parented to us): SIGTERM, SIGKILL after the grace period,
+  // then reaped, so nothing outlives the launcher.
+  auto stop_adopted = [&] {
+    std::vector<pid_t> known;
+    for (const auto& p : procs) known.push_back(p.pid);
+    auto left = adopted_children(known);
+    if (left.empty()) return;
+    for (pid_t pid : left) kill(pid, SIGTERM);
+    const auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(opts.term_timeout * 1000));
+    while (!left.empty() && Clock::now() < deadline) {
+      usleep(20000);
+      while (waitpid(-1, nullptr, WNOHANG) > 0) {
+      }
+      left = adopted_children(known);
+    }
+    for (pid_t pid : left) kill(pid, SIGKILL);
+    for (pid_t pid : left) waitpid(pid, nullptr, 0);
+  };
+
+  for (size_t i = 0; i < procs.size() && !stopping; ++i) {
+    start(procs[i]);
+  }
+  bool all_reaped = false;
+  while (true) {
+    reap();
+    all_reaped = true;
+    bool open_streams = false;
+    for (auto& p : procs) {
+      all_reaped = all_reaped && (p.pid <= 0 || p.reaped);
+      for (auto& s : p.streams) open_streams = open_streams || s.fd >= 0;
+    }
+    const auto now = Clock::now();
+    if (all_reaped && drain_until == Clock::time_point{}) {
+      stop_adopted();
+      drain_until = Clock::now() + std::chrono::seconds(1);
+    }
+    // Output still open after every process exited belongs to a stray grandchild: stop
+    // relaying it after a second rather than wait on it.
+    if (all_reaped && (!open_streams || now >= drain_until)) break;
+    if (stopping && !killed && now >= kill_at) kill_all();
+
+    std::vector<pollfd> fds{{g_signal_pipe[0], POLLIN, 0}};
+    std::vector<std::pair<Proc*, Stream*>> owners{{nullptr, nullptr}};
+    for (auto& p : procs) {
+      for (auto& s : p.streams) {
+        if (s.fd >= 0) fds.push_back({s.fd, POLLIN, 0}), owners.emplace_back(&p, &s);
+      }
+    }
+    int timeout_ms = 1000;
+    auto until = [&](Clock::time_point t) {
+      return static_cast<int>(std::max<int64_t>(
+          0, std::chrono::duration_cast<std::chrono::milliseconds>(t - now).count() + 1));
+    };
+    if (stopping && !killed) timeout_ms = std::min(timeout_ms, until(kill_at));
+    if (all_reaped) timeout_ms = std::min(timeout_ms, until(drain_until));
+    if (poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) {
+      throw InternalError(cat("poll: ", std::strerror(errno)));
+    }
+    if (fds[0].revents & POLLIN) {
+      unsigned char sig[64];
+      const ssize_t n = read(g_signal_pipe[0], sig, sizeof(sig));
+      for (ssize_t k = 0; k < n; ++k) {
+        if (sig[k] == SIGCHLD) continue;  // reaped at the top of the loop
+        if (result.launcher_signal != 0 && stopping && !killed) {
+          kill_all();  // a second Ctrl-C: do not wait for the grace period
+        }
+        if (result.launcher_signal == 0) result.launcher_signal = sig[k];
+        begin_stop();
+      }
+    }
+    for (size_t k = 1; k < fds.size(); ++k) {
+      if (fds[k].revents & (POLLIN | POLLHUP | POLLERR)) pump(*owners[k].first, *owners[k].second, opts.tail_lines);
+    }
+  }
+  for (auto& p : procs) {
+    for (auto& s : p.streams)
+      if (s.fd >= 0) close(s.fd);
+    if (p.stdin_fd >= 0) close(p.stdin_fd);
+    if (p.log) std::fclose(p.log);
+  }
+  while (waitpid(-1, nullptr, WNOHANG) > 0) {
+  }
+  if (result.launcher_signal != 0) {
+    result.exit_code = 128 + result.launcher_signal;
+    std::fprintf(stderr, "launch: received %s; stopped %zu process(es)\n", strsignal(result.launcher_signal),
+                 procs.size());
+  } else if (result.failed >= 0) {
+    const Proc& f = procs[result.failed];
+    result.exit_code = f.reported_code > 0 ? f.reported_code : exit_code_of(f.status);
+    if (f.reported_code > 0) {
+      std::fprintf(stderr, "error: %s reported a failed node (exit code %d, see above); stopped the job\n",
+                   f.spec->label.c_str(), f.reported_code);
+      std::fflush(stderr);
+      return result;
+    }
+    int others = 0;
+    for (const auto& p : procs) others += &p != &f && p.pid > 0;
+    std::fprintf(stderr, "error: %s (pid %d) %s%s%s\n", f.spec->label.c_str(), static_cast<int>(f.pid),
+                 describe(f.status).c_str(), others ? cat("; stopped the other ", others, " process(es)").c_str() : "",
+                 f.tail.empty() ? "" : cat("; its last ", f.tail.size(), " line(s):").c_str());
+    for (const auto& line : f.tail) std::fprintf(stderr, "  | %s\n", line.c_str());
+    if (!f.spec->log_path.empty()) std::fprintf(stderr, "  full output: %s\n", f.spec->log_path.c_str());
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  return result;
+}
+
+}  // namespace polytrain::launcher

@@ -1,0 +1,55 @@
+// Process supervision: start a group of processes (local workers, or the ssh/pdsh/mpirun/srun
+// processes of a multi-node run), relay their output line by line with a rank prefix (and
+// to a log file each), and stop the whole group when one fails or the launcher is signalled.
+// Protocol: every child leads its own process group and dies with the launcher
+// (PR_SET_PDEATHSIG); stopping = SIGTERM to each group still running, SIGKILL to those left
+// after the grace period. The launcher is a child subreaper: what a worker leaves behind is
+// re-parented to it and stopped the same way when the group ends. Only processes this
+// launcher started, or their descendants, are ever signalled: by pid or group, never by name.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace polytrain::launcher {
+
+struct ProcSpec {
+  std::string label;              ///< "rank 3" / "worker-1": how messages name it
+  std::string prefix;             ///< put before each relayed line ("[rank 3] "), may be empty
+  std::vector<std::string> argv;  ///< argv[0] looked up on PATH
+  std::vector<std::string> env;   ///< the complete environment, KEY=VALUE
+  std::string log_path;           ///< also write its output here (created/truncated), or ""
+  bool stdin_pipe = false;        ///< give it a pipe as stdin, closed when stopping (ssh)
+  /// pdsh: one process for all nodes, which waits for every node. A per-node launcher that
+  /// fails prints node_failure_line(); seeing it in this process's output counts as a failure
+  /// with that exit code, so the other nodes are stopped at once.
+  bool watch_node_failures = false;
+};
+
+/// "polytrain-launch: node N failed with exit code C" (printed by per-node launchers).
+std::string node_failure_line(int node, int exit_code);
+
+struct SuperviseOptions {
+  double term_timeout = 5.0;  ///< seconds between SIGTERM and SIGKILL
+  int tail_lines = 20;        ///< lines of a failed process's output shown in the report
+};
+
+struct Outcome {
+  int exit_code = 0;       ///< 0, the failed process's code (128+signal if killed), or 128+signal of the launcher
+  int failed = -1;         ///< index of the first process that failed, -1 if none
+  int launcher_signal = 0; ///< SIGINT/SIGTERM/SIGHUP received by the launcher, 0 if none
+};
+
+/// Runs `procs` to completion. The first non-zero exit stops the others and is reported on
+/// stderr (which process, its exit code or signal, its last lines). SIGINT, SIGTERM and
+/// SIGHUP to the launcher stop the group too.
+Outcome supervise(const std::vector<ProcSpec>& procs, const SuperviseOptions& opts);
+
+/// The launcher's environment as KEY=VALUE with `overrides` applied.
+std::vector<std::string> make_environment(const std::vector<std::pair<std::string, std::string>>& overrides);
+
+/// Arranges for SIGHUP when the parent dies (per-node launchers: the ssh session ending
+/// stops the node's workers).
+void hangup_when_parent_dies();
+
+}  // namespace polytrain::launcher

@@ -1,0 +1,230 @@
+// The launcher's pure parts, table-driven as DeepSpeed's runner tests are: hostfile parsing,
+// --include/--exclude, --num_nodes/--num_gpus, the world plan and worker environment, the
+// .deepspeed_env file, and the pdsh / ssh / mpirun / srun command lines.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "launcher/env_file.h"
+#include "launcher/hostfile.h"
+#include "launcher/plan.h"
+#include "launcher/runners.h"
+
+using namespace polytrain;
+using namespace polytrain::launcher;
+
+namespace {
+
+std::string show(const ResourcePool& p) { return encode_pool(p); }
+
+// The error text of f(), or "" when it does not throw InputError.
+template <class F>
+std::string error_of(F f) {
+  try {
+    f();
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Hostfile, ParsesDeepSpeedFormat) {
+  const auto pool = parse_hostfile(
+      "# cluster\n"
+      "\n"
+      "worker-0 slots=4\n"
+      "   worker-1   slots=2   # trailing comment\n"
+      "\t\n"
+      "10.0.0.3 slots=1\n",
+      "hf");
+  EXPECT_EQ(show(pool), "worker-0:0,1,2,3@worker-1:0,1@10.0.0.3:0");
+}
+
+struct BadHostfile {
+  const char* text;
+  const char* expect;  // substring of the error
+};
+
+class HostfileErrors : public ::testing::TestWithParam<BadHostfile> {};
+
+TEST_P(HostfileErrors, NameFileAndLine) {
+  const auto c = GetParam();
+  const std::string err = error_of([&] { parse_hostfile(c.text, "hosts.txt"); });
+  EXPECT_NE(err.find(c.expect), std::string::npos) << err;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Table, HostfileErrors,
+    ::testing::Values(BadHostfile{"", "hosts.txt: hostfile lists no host"},
+                      BadHostfile{"# only comments\n\n", "lists no host"},
+                      BadHostfile{"a slots=2\nb slots=2\na slots=1\n", "hosts.txt:3: host 'a' is listed more than once"},
+                      BadHostfile{"a slots=2\nb\n", "hosts.txt:2: bad hostfile entry 'b'"},
+                      BadHostfile{"a slot=2\n", "hosts.txt:1: bad hostfile entry"},
+                      BadHostfile{"a slots=x\n", "hosts.txt:1: bad hostfile entry"},
+                      BadHostfile{"a slots=2 extra\n", "hosts.txt:1: bad hostfile entry"},
+                      BadHostfile{"a slots=0\n", "hosts.txt:1: host 'a' has slots=0"},
+                      BadHostfile{"a:1 slots=2\n", "contains ':'"}));
+
+TEST(Hostfile, MissingFileIsNamed) {
+  EXPECT_NE(error_of([] { read_hostfile("/nonexistent/hostfile"); }).find("'/nonexistent/hostfile' cannot be read"),
+            std::string::npos);
+}
+
+struct FilterCase {
+  const char* include;
+  const char* exclude;
+  const char* expect;  // encoded pool, or "!substring of the error"
+};
+
+class Filter : public ::testing::TestWithParam<FilterCase> {};
+
+TEST_P(Filter, DeepSpeedSemantics) {
+  const auto pool = parse_hostfile("worker-0 slots=4\nworker-1 slots=4\nworker-2 slots=2\n", "hf");
+  const auto c = GetParam();
+  const std::string want = c.expect;
+  if (want[0] == '!') {
+    const std::string err = error_of([&] { filter_resources(pool, c.include, c.exclude); });
+    EXPECT_NE(err.find(want.substr(1)), std::string::npos) << err;
+  } else {
+    EXPECT_EQ(show(filter_resources(pool, c.include, c.exclude)), want);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Table, Filter,
+    ::testing::Values(
+        FilterCase{"", "", "worker-0:0,1,2,3@worker-1:0,1,2,3@worker-2:0,1"},
+        FilterCase{"worker-1", "", "worker-1:0,1,2,3"},
+        FilterCase{"worker-1:0,2", "", "worker-1:0,2"},
+        // hostfile order is rank order, whatever order the filter names hosts in
+        FilterCase{"worker-2@worker-0:3", "", "worker-0:3@worker-2:0,1"},
+        // slots of a repeated host merge, sorted and deduplicated
+        FilterCase{"worker-0:3,1@worker-0:1,0", "", "worker-0:0,1,3"},
+        FilterCase{"worker-0:2@worker-0", "", "worker-0:0,1,2,3"},
+        FilterCase{"", "worker-1", "worker-0:0,1,2,3@worker-2:0,1"},
+        FilterCase{"", "worker-0:0,3@worker-2:1", "worker-0:1,2@worker-1:0,1,2,3@worker-2:0"},
+        // a host left with no slot drops out
+        FilterCase{"", "worker-2:0,1", "worker-0:0,1,2,3@worker-1:0,1,2,3"},
+        FilterCase{"", "worker-0@worker-1@worker-2", "!leaves nothing to run"},
+        FilterCase{"worker-0", "worker-1", "!--include and --exclude cannot be used together"},
+        FilterCase{"worker-9", "", "!--include: host 'worker-9' is not in the hostfile"},
+        FilterCase{"", "worker-9:0", "!--exclude: host 'worker-9' is not in the hostfile"},
+        FilterCase{"worker-2:2", "", "!host 'worker-2' has no slot 2"},
+        FilterCase{"worker-0:a", "", "!slot 'a' of host 'worker-0' is not a number"},
+        FilterCase{"worker-0:", "", "!has ':' but no slots"},
+        FilterCase{"@worker-0", "", "!empty host name"},
+        FilterCase{"worker-0@", "", "!empty host name"}));
+
+TEST(Limit, NumNodesAndNumGpus) {
+  const auto pool = parse_hostfile("a slots=4\nb slots=4\nc slots=2\n", "hf");
+  EXPECT_EQ(show(limit_resources(pool, 2, -1)), "a:0,1,2,3@b:0,1,2,3");
+  EXPECT_EQ(show(limit_resources(pool, -1, 2)), "a:0,1@b:0,1@c:0,1");
+  EXPECT_EQ(show(limit_resources(pool, 1, 1)), "a:0");
+  EXPECT_NE(error_of([&] { limit_resources(pool, 4, -1); }).find("--num_nodes 4: the hostfile lists only 3"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { limit_resources(pool, -1, 3); }).find("host 'c' has only 2 slot(s)"), std::string::npos);
+}
+
+TEST(Pool, EncodeDecodeRoundTrip) {
+  const std::string s = "a:1,3@b:0";
+  EXPECT_EQ(encode_pool(decode_pool(s)), s);
+  EXPECT_NE(error_of([] { decode_pool("a"); }).find("has no slots"), std::string::npos);
+  EXPECT_NE(error_of([] { decode_pool("a:0@a:1"); }).find("repeated"), std::string::npos);
+}
+
+TEST(Plan, RanksLocalRanksAndEnvironment) {
+  const auto pool = filter_resources(parse_hostfile("n0 slots=4\nn1 slots=4\n", "hf"), "n0:1,3@n1", "");
+  const auto plan = make_plan(pool, "", 29501, /*gpu_slots=*/true);
+  EXPECT_EQ(plan.world_size, 6);
+  EXPECT_EQ(plan.master_addr, "n0");  // the first host when not given
+  EXPECT_EQ(plan.nodes[0].ranks, (std::vector<int>{0, 1}));
+  EXPECT_EQ(plan.nodes[1].ranks, (std::vector<int>{2, 3, 4, 5}));
+  EXPECT_EQ(plan.nodes[1].local_ranks, (std::vector<int>{0, 1, 2, 3}));
+  auto env = worker_env(plan, 0, 1, 2);
+  EXPECT_EQ(env["RANK"], "1");
+  EXPECT_EQ(env["LOCAL_RANK"], "1");
+  EXPECT_EQ(env["WORLD_SIZE"], "6");
+  EXPECT_EQ(env["LOCAL_SIZE"], "2");
+  EXPECT_EQ(env["LOCAL_WORLD_SIZE"], "2");
+  EXPECT_EQ(env["CROSS_RANK"], "0");
+  EXPECT_EQ(env["CROSS_SIZE"], "2");
+  EXPECT_EQ(env["MASTER_ADDR"], "n0");
+  EXPECT_EQ(env["MASTER_PORT"], "29501");
+  EXPECT_EQ(env["CUDA_VISIBLE_DEVICES"], "1,3");  // the selected GPUs; LOCAL_RANK indexes them
+  EXPECT_EQ(env["TORCHELASTIC_RESTART_COUNT"], "2");
+  env = worker_env(plan, 1, 3, 0);
+  EXPECT_EQ(env["RANK"], "5");
+  EXPECT_EQ(env["CROSS_RANK"], "1");
+  EXPECT_EQ(env["GROUP_RANK"], "1");
+  const auto cpu = make_plan(pool, "10.1.1.1", 29500, false);
+  EXPECT_EQ(cpu.master_addr, "10.1.1.1");
+  EXPECT_EQ(worker_env(cpu, 0, 0, 0).count("CUDA_VISIBLE_DEVICES"), 0u);
+  EXPECT_EQ(make_plan({{"localhost", {0}}}, "", 29500, false).master_addr, "127.0.0.1");
+  const auto j = plan_to_json(plan);
+  EXPECT_EQ(j["hosts"][1]["ranks"], nlohmann::json({2, 3, 4, 5}));
+  EXPECT_NE(error_of([&] { make_plan(pool, "", 70000, false); }).find("--master_port 70000"), std::string::npos);
+}
+
+TEST(EnvFile, SkipsBlanksAndCommentsAndRejectsGarbage) {
+  const auto env = parse_env_file("\n# comment\nNCCL_DEBUG=INFO\n\n  export A_B = \"x y\"\nEMPTY=\nNCCL_DEBUG=WARN\n", "f");
+  ASSERT_EQ(env.size(), 3u);
+  EXPECT_EQ(env[0], (std::pair<std::string, std::string>{"NCCL_DEBUG", "WARN"}));
+  EXPECT_EQ(env[1], (std::pair<std::string, std::string>{"A_B", "x y"}));
+  EXPECT_EQ(env[2], (std::pair<std::string, std::string>{"EMPTY", ""}));
+  EXPECT_NE(error_of([] { parse_env_file("A=1\nnot a pair\n", ".deepspeed_env"); }).find(".deepspeed_env:2: expected KEY=VALUE"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_env_file("1A=1\n", "f"); }).find("f:1"), std::string::npos);
+}
+
+LaunchOptions options(std::vector<std::string> program) {
+  LaunchOptions o;
+  o.program = std::move(program);
+  return o;
+}
+
+TEST(Runners, WorkerAndNodeCommands) {
+  auto o = options({"train_bert", "--config", "c.json"});
+  EXPECT_EQ(worker_argv(o, 3), (Argv{"train_bert", "--config", "c.json", "--local_rank=3"}));
+  o.no_local_rank = true;
+  EXPECT_EQ(worker_argv(o, 3), (Argv{"train_bert", "--config", "c.json"}));
+  const auto plan = make_plan(decode_pool("h1:0,1@h2:1"), "", 29500, true);
+  o.log_dir = "logs";
+  const auto node = node_launcher_argv(o, plan, "%n", "/opt/bin/launch");
+  EXPECT_EQ(join_command(node),
+            "/opt/bin/launch --world_info h1:0,1@h2:1 --node_rank %n --master_addr h1 --master_port 29500 "
+            "--slot_type auto --term_timeout 5.000000 --no_local_rank --log_dir logs -- train_bert --config c.json");
+  EXPECT_EQ(remote_shell_command("/my dir", {{"NCCL_DEBUG", "INFO"}}, {"a", "b c"}),
+            "cd '/my dir' && exec env NCCL_DEBUG=INFO a 'b c'");
+  EXPECT_EQ(shell_quote("it's"), "'it'\\''s'");
+}
+
+TEST(Runners, PdshSshMpirunSrun) {
+  auto o = options({"train_bert", "--config", "c.json"});
+  o.launcher_args = "-l  me";
+  const auto plan = make_plan(decode_pool("h1:0,1@h2:0,1"), "", 29500, false);
+  EXPECT_EQ(join_command(pdsh_argv(o, plan, "CMD")), "pdsh -S -f 1024 -w h1,h2 -l me CMD");
+  EXPECT_EQ(join_command(ssh_argv(o, "h2", "CMD")), "ssh -l me h2 CMD");
+  o.launcher_args = "--bind-to none";
+  const auto mpi = join_command(mpirun_argv(o, plan, {{"NCCL_DEBUG", "INFO"}}, "/tmp/hf"));
+  EXPECT_NE(mpi.find("mpirun -n 4 -hostfile /tmp/hf"), std::string::npos) << mpi;
+  EXPECT_NE(mpi.find("-x MASTER_ADDR=h1 -x MASTER_PORT=29500 -x NCCL_DEBUG=INFO --bind-to none train_bert --config c.json"),
+            std::string::npos)
+      << mpi;
+  EXPECT_EQ(mpirun_hostfile(plan), "h1 slots=2\nh2 slots=2\n");
+  o.launcher_args = "";
+  EXPECT_EQ(join_command(srun_argv(o, plan, {{"A", "1"}})),
+            "srun -n 4 --nodelist h1,h2 --ntasks-per-node 2 --export=ALL,MASTER_ADDR=h1,MASTER_PORT=29500,A=1 "
+            "train_bert --config c.json");
+  const auto sparse = make_plan(decode_pool("h1:1,3"), "", 29500, true);
+  EXPECT_NE(error_of([&] { mpirun_argv(o, sparse, {}, "f"); }).find("selects slot 1 at position 0"), std::string::npos);
+  const auto uneven = make_plan(decode_pool("h1:0,1@h2:0"), "", 29500, false);
+  EXPECT_NE(error_of([&] { srun_argv(o, uneven, {}); }).find("same number of slots"), std::string::npos);
+}
+
+TEST(Runners, FindInPath) {
+  EXPECT_FALSE(find_in_path("sh").empty());
+  EXPECT_TRUE(find_in_path("no-such-binary-polytrain").empty());
+}
+
+}  // namespace
