@@ -12,6 +12,7 @@ PACKAGES=(
   libtorch-dev libopenblas0-openmp      # libtorch; OpenBLAS replaces the reference BLAS (5x on a BERT step)
   nlohmann-json3-dev libcli11-dev       # config + flags (header-only)
   openmpi-bin libopenmpi-dev            # the openmpi launcher and MPI communicator
+  libgloo-dev                           # headers of the Gloo inside libtorch (c10d ProcessGroupGloo)
   libgtest-dev libgmock-dev             # tests
 )
 # npm fetches the BERT vocab; an npm already on PATH (e.g. a non-Debian Node.js) is used as is,

@@ -1,0 +1,74 @@
+// The Communicator: the collectives every multi-process backend stands on (all_reduce,
+// reduce_scatter, all_gather, broadcast, barrier, sub-groups), sync or async, over an
+// existing engine: Gloo (libtorch c10d, CPU), Open MPI (CPU, under mpirun), NCCL (CUDA).
+// This header is engine-free; make_communicator() picks one. No collective algorithm lives
+// here: where an engine lacks an operation, each implementation states its fallback.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+namespace polytrain {
+
+enum class ReduceOp { kSum, kAvg, kMax };
+
+/// Handle of an asynchronous collective. wait() returns when the result is in place, or
+/// throws an Error naming the operation and rank (a timeout included).
+class CommWork {
+ public:
+  virtual ~CommWork() = default;
+  virtual void wait() = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  /// "gloo", "mpi" or "nccl".
+  virtual std::string engine() const = 0;
+
+  /// In place over every rank's `t` (contiguous).
+  virtual std::unique_ptr<CommWork> all_reduce_async(at::Tensor& t, ReduceOp op) = 0;
+  /// `in` holds size() * out.numel() elements; rank r receives the reduction of block r.
+  virtual std::unique_ptr<CommWork> reduce_scatter_async(at::Tensor& out, const at::Tensor& in, ReduceOp op) = 0;
+  /// `out` holds size() * in.numel() elements: block r is rank r's `in`.
+  virtual std::unique_ptr<CommWork> all_gather_async(at::Tensor& out, const at::Tensor& in) = 0;
+  /// `t` takes root's value on every rank.
+  virtual std::unique_ptr<CommWork> broadcast_async(at::Tensor& t, int root) = 0;
+  virtual void barrier() = 0;
+
+  /// The ranks with the same `color` form a new communicator, ordered by (key, rank), as
+  /// MPI_Comm_split. Every rank must call it (collective).
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+
+  void all_reduce(at::Tensor& t, ReduceOp op = ReduceOp::kSum) { all_reduce_async(t, op)->wait(); }
+  void reduce_scatter(at::Tensor& out, const at::Tensor& in, ReduceOp op = ReduceOp::kSum) {
+    reduce_scatter_async(out, in, op)->wait();
+  }
+  void all_gather(at::Tensor& out, const at::Tensor& in) { all_gather_async(out, in)->wait(); }
+  void broadcast(at::Tensor& t, int root = 0) { broadcast_async(t, root)->wait(); }
+};
+
+struct CommOptions {
+  /// gloo, mpi, nccl; "auto": nccl for a CUDA device, mpi when started by mpirun (and built
+  /// with MPI), else gloo.
+  std::string engine = "auto";
+  /// A collective (or the rendezvous) that takes longer fails with an error naming the rank
+  /// and the operation instead of hanging.
+  std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+  bool cuda = false;  ///< the tensors will live on the current CUDA device
+};
+
+/// The world communicator of this process, from the launcher's environment (RANK,
+/// WORLD_SIZE, MASTER_ADDR, MASTER_PORT, or OMPI_COMM_WORLD_* under mpirun).
+std::unique_ptr<Communicator> make_communicator(const CommOptions& opts);
+
+/// Whether this build has the engine ("gloo" always; "mpi", "nccl" per CMake).
+bool comm_engine_available(const std::string& engine);
+
+}  // namespace polytrain

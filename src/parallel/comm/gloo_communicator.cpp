@@ -1,0 +1,247 @@
+// libtorch 1.13's Gloo process group has allreduce (sum, max; no avg), allgather (list form
+// only: no _allgather_base), broadcast and barrier, for float/double/half/integer tensors.
+// What it lacks, and the fallback used here:
+//   - avg: sum, then divide by the group size;
+//   - bf16 (and other unsupported types): the collective runs on an fp32 copy, the result is
+//     rounded back once (a sum in fp32 is also more accurate than one in bf16);
+//   - reduce_scatter: all_reduce of the whole input, then each rank keeps its block
+//     (twice the traffic of a real reduce-scatter; MPI and NCCL have the real one);
+//   - flat all_gather: the output is split into per-rank views that Gloo writes into.
+#include "parallel/comm/gloo_communicator.h"
+
+// c10d declares ProcessGroupGloo only when this is set (libtorch's own build sets it).
+#ifndef USE_C10D_GLOO
+#define USE_C10D_GLOO 1
+#endif
+
+#include <functional>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/torch.h>
+
+#include "common/error.h"
+
+namespace polytrain {
+namespace {
+
+using detail::cat;
+
+bool gloo_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+    case at::kDouble:
+    case at::kHalf:
+    case at::kInt:
+    case at::kLong:
+    case at::kChar:
+    case at::kByte:
+      return true;
+    default:
+      return false;
+  }
+}
+
+class DoneWork : public CommWork {
+ public:
+  explicit DoneWork(std::function<void()> then = {}) : then_(std::move(then)) {}
+  void wait() override {
+    if (then_) std::exchange(then_, {})();
+  }
+
+ private:
+  std::function<void()> then_;
+};
+
+class GlooWork : public CommWork {
+ public:
+  GlooWork(c10::intrusive_ptr<c10d::Work> work, std::string what, std::function<void()> then)
+      : work_(std::move(work)), what_(std::move(what)), then_(std::move(then)) {}
+  ~GlooWork() override {
+    if (work_) {  // never leave Gloo writing into a buffer that is about to be freed
+      try {
+        work_->wait();
+      } catch (...) {
+      }
+    }
+  }
+  void wait() override {
+    if (!work_) return;
+    auto w = std::exchange(work_, {});
+    try {
+      w->wait();
+    } catch (const std::exception& e) {
+      std::string msg = e.what();
+      if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
+      throw Error(cat(what_, " failed: ", msg));
+    }
+    if (then_) std::exchange(then_, {})();
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  std::string what_;
+  std::function<void()> then_;
+};
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  return op == ReduceOp::kMax ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
+}
+
+class GlooCommunicator : public Communicator {
+ public:
+  GlooCommunicator(c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::chrono::milliseconds timeout,
+                   std::shared_ptr<::gloo::transport::Device> device, std::string name)
+      : store_(std::move(store)), rank_(rank), size_(size), timeout_(timeout), device_(std::move(device)),
+        name_(std::move(name)) {
+    auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+    opts->devices.push_back(device_);
+    opts->threads = 2;
+    try {
+      pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store_, rank, size, opts);
+    } catch (const std::exception& e) {
+      std::string msg = e.what();
+      if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
+      throw Error(cat("gloo: rank ", rank, " of ", size, " could not connect its group (", name_, "): ", msg));
+    }
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string engine() const override { return "gloo"; }
+
+  std::unique_ptr<CommWork> all_reduce_async(at::Tensor& t, ReduceOp op) override {
+    PT_CHECK(t.is_contiguous(), "all_reduce needs a contiguous tensor");
+    if (t.numel() == 0) return std::make_unique<DoneWork>();
+    at::Tensor buf = gloo_dtype(t.scalar_type()) ? t : t.to(at::kFloat);
+    std::vector<at::Tensor> v{buf};
+    c10d::AllreduceOptions o;
+    o.reduceOp = to_c10d(op);
+    auto work = pg_->allreduce(v, o);
+    const int n = size_;
+    return wrap(work, "all_reduce", [t, buf, op, n]() mutable {
+      if (op == ReduceOp::kAvg) buf.div_(n);
+      if (!buf.is_same(t)) t.copy_(buf);
+    });
+  }
+
+  std::unique_ptr<CommWork> reduce_scatter_async(at::Tensor& out, const at::Tensor& in, ReduceOp op) override {
+    PT_CHECK(in.numel() == out.numel() * size_, "reduce_scatter: input has ", in.numel(), " elements, expected ",
+             out.numel(), " x ", size_);
+    if (out.numel() == 0) return std::make_unique<DoneWork>();
+    // Fallback (file comment): reduce everything, keep this rank's block.
+    at::Tensor whole = in.to(gloo_dtype(in.scalar_type()) ? in.scalar_type() : at::kFloat, false, true).contiguous();
+    std::vector<at::Tensor> v{whole};
+    c10d::AllreduceOptions o;
+    o.reduceOp = to_c10d(op);
+    auto work = pg_->allreduce(v, o);
+    const int n = size_, r = rank_;
+    return wrap(work, "reduce_scatter", [out, whole, op, n, r]() mutable {
+      auto mine = whole.reshape({-1}).narrow(0, r * out.numel(), out.numel());
+      if (op == ReduceOp::kAvg) mine.div_(n);
+      out.view({-1}).copy_(mine);
+    });
+  }
+
+  std::unique_ptr<CommWork> all_gather_async(at::Tensor& out, const at::Tensor& in) override {
+    PT_CHECK(out.numel() == in.numel() * size_, "all_gather: output has ", out.numel(), " elements, expected ",
+             in.numel(), " x ", size_);
+    PT_CHECK(out.is_contiguous(), "all_gather needs a contiguous output");
+    if (in.numel() == 0) return std::make_unique<DoneWork>();
+    const bool native = gloo_dtype(in.scalar_type());
+    at::Tensor src = (native ? in : in.to(at::kFloat)).contiguous().view({-1});
+    at::Tensor dst = native ? out.view({-1}) : at::empty({out.numel()}, src.options());
+    std::vector<std::vector<at::Tensor>> outs(1);
+    for (int r = 0; r < size_; ++r) outs[0].push_back(dst.narrow(0, r * in.numel(), in.numel()));
+    std::vector<at::Tensor> ins{src};
+    auto work = pg_->allgather(outs, ins);
+    return wrap(work, "all_gather", [out, dst, native]() mutable {
+      if (!native) out.view({-1}).copy_(dst);
+    });
+  }
+
+  std::unique_ptr<CommWork> broadcast_async(at::Tensor& t, int root) override {
+    PT_CHECK(t.is_contiguous(), "broadcast needs a contiguous tensor");
+    if (t.numel() == 0) return std::make_unique<DoneWork>();
+    at::Tensor buf = gloo_dtype(t.scalar_type()) ? t : t.to(at::kFloat);
+    std::vector<at::Tensor> v{buf};
+    c10d::BroadcastOptions o;
+    o.rootRank = root;
+    auto work = pg_->broadcast(v, o);
+    return wrap(work, cat("broadcast from rank ", root), [t, buf]() mutable {
+      if (!buf.is_same(t)) t.copy_(buf);
+    });
+  }
+
+  void barrier() override { wrap(pg_->barrier(), "barrier", {})->wait(); }
+
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    auto mine = torch::tensor({static_cast<int64_t>(color), static_cast<int64_t>(key)}, torch::kLong);
+    auto all = torch::empty({2 * size_}, torch::kLong);
+    all_gather(all, mine);
+    std::vector<std::tuple<int64_t, int, int>> members;  // (key, rank) of my colour
+    for (int r = 0; r < size_; ++r) {
+      if (all[2 * r].item<int64_t>() == color) members.emplace_back(all[2 * r + 1].item<int64_t>(), r, r);
+    }
+    std::sort(members.begin(), members.end());
+    int new_rank = 0;
+    for (size_t i = 0; i < members.size(); ++i)
+      if (std::get<1>(members[i]) == rank_) new_rank = static_cast<int>(i);
+    const std::string prefix = cat(name_, "/split", splits_++, "/color", color);
+    auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, store_);
+    return std::make_unique<GlooCommunicator>(store, new_rank, static_cast<int>(members.size()), timeout_, device_,
+                                              prefix);
+  }
+
+ private:
+  std::unique_ptr<CommWork> wrap(c10::intrusive_ptr<c10d::Work> work, const std::string& op,
+                                 std::function<void()> then) {
+    return std::make_unique<GlooWork>(std::move(work), cat("gloo ", op, " on rank ", rank_, " of ", size_), std::move(then));
+  }
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  int rank_, size_;
+  std::chrono::milliseconds timeout_;
+  std::shared_ptr<::gloo::transport::Device> device_;
+  std::string name_;
+  int splits_ = 0;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
+};
+
+bool loopback(const std::string& addr) { return addr == "localhost" || addr.rfind("127.", 0) == 0; }
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_gloo_communicator(int rank, int size, const std::string& addr, int port,
+                                                     std::chrono::milliseconds timeout) {
+  PT_INPUT_CHECK(size >= 1 && rank >= 0 && rank < size, "gloo: rank ", rank, " is not in a group of ", size);
+  PT_INPUT_CHECK(port > 0 && port < 65536, "MASTER_PORT=", port, " is not a TCP port");
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(port);
+  so.isServer = rank == 0;
+  so.numWorkers = size;
+  so.waitWorkers = false;
+  so.timeout = timeout;
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    store = c10::make_intrusive<c10d::TCPStore>(addr, so);
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
+    throw Error(cat("gloo: rank ", rank, " of ", size, " could not ", rank == 0 ? "host" : "reach",
+                    " the rendezvous at ", addr, ":", port, ": ", msg));
+  }
+  std::shared_ptr<::gloo::transport::Device> device;
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
+    device = c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  } else if (loopback(addr)) {
+    device = c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  } else {
+    device = c10d::ProcessGroupGloo::createDefaultDevice();
+  }
+  return std::make_unique<GlooCommunicator>(store, rank, size, timeout, device, "world");
+}
+
+}  // namespace polytrain

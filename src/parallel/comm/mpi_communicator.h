@@ -1,0 +1,17 @@
+// Open MPI (any MPI-3) for CPU tensors when the job runs under mpirun: native
+// MPI_Iallreduce / MPI_Ireduce_scatter_block / MPI_Iallgather / MPI_Ibcast, MPI_Comm_split.
+#pragma once
+
+#include <memory>
+
+#include "parallel/comm/communicator.h"
+
+namespace polytrain {
+
+/// MPI_COMM_WORLD (MPI is initialised on first use and finalised at exit).
+std::unique_ptr<Communicator> make_mpi_communicator(std::chrono::milliseconds timeout);
+
+/// True when this process was started by an MPI launcher (OMPI_COMM_WORLD_SIZE or PMI_SIZE).
+bool started_by_mpirun();
+
+}  // namespace polytrain
