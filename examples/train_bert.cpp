@@ -7,6 +7,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/dist_env.h"
 #include "common/cli_config.h"
 #include "common/error.h"
 #include "common/main_guard.h"
@@ -100,7 +101,9 @@ int main(int argc, char** argv) {
     MlmCollator collator(cfg.data, ids, continuation, special);
     MlmBatchSource train(dataset, split.train, collator, cfg.trainer.seed);
     MlmBatchSource eval(dataset, split.eval, collator, cfg.trainer.seed);
-    std::printf("data: %lld blocks of %lld tokens from %zu file(s): %lld train, %lld eval\n",
+    const bool main_rank = read_dist_env().rank == 0;  // other ranks of a launch stay quiet
+    if (main_rank)
+      std::printf("data: %lld blocks of %lld tokens from %zu file(s): %lld train, %lld eval\n",
                 static_cast<long long>(dataset.size()), static_cast<long long>(cfg.data.max_seq_length),
                 cfg.data.train_files.size(), static_cast<long long>(train.size()),
                 static_cast<long long>(eval.size()));
@@ -112,7 +115,8 @@ int main(int argc, char** argv) {
     BertTrainer trainer(cfg);  // seeds torch before the model is built
     BertForMaskedLM model(cfg.model);
     auto result = trainer.train(model.ptr(), train, eval.size() > 0 ? &eval : nullptr);
-    std::printf("done: %lld steps, final loss %.4f, best eval loss %.4f, experiment %s, checkpoints %s\n",
+    if (main_rank)
+      std::printf("done: %lld steps, final loss %.4f, best eval loss %.4f, experiment %s, checkpoints %s\n",
                 static_cast<long long>(result.steps), result.losses.empty() ? NAN : result.losses.back(),
                 result.best_eval_loss, result.experiment_dir.c_str(), result.save_dir.c_str());
     return 0;

@@ -251,6 +251,9 @@ void parse_trainer(const json* j, ParseContext& ctx, TrainerOptions& t) {
   if (dev != "cpu" && dev != "cuda" && !cuda_n)
     r.fail("pytorch_device", "must be cpu, cuda or cuda:N, got '" + dev + "'");
   if (t.experiments_dir.empty()) r.fail("experiments_dir", "must not be empty");
+  r.one_of("comm_backend", t.comm_backend, {"auto", "gloo", "mpi", "nccl"});
+  if (!(t.comm_timeout > 0)) r.fail("comm_timeout", "must be > 0 seconds");
+  if (t.reduce_bucket_size < 1) r.fail("reduce_bucket_size", "must be >= 1 byte");
   if (t.experiment_name.empty()) r.fail("experiment_name", "must not be empty");
 }
 

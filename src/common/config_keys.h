@@ -336,7 +336,9 @@ void visit(V& v, TrainerOptions& t) {
   v("exp_type", t.exp_type), v("seed", t.seed), v("pytorch_device", t.pytorch_device);
   v("num_threads", t.num_threads), v("checkpoint_activations", t.checkpoint_activations);
   v("save_safetensors", t.save_safetensors), v("keep_last", t.keep_last);
-  v("progress_bar", t.progress_bar);
+  v("progress_bar", t.progress_bar), v("comm_backend", t.comm_backend), v("comm_timeout", t.comm_timeout);
+  v("reduce_bucket_size", t.reduce_bucket_size), v("overlap_comm", t.overlap_comm);
+  v("find_unused_parameters", t.find_unused_parameters);
 }
 
 template <class T>

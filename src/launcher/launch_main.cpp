@@ -92,6 +92,7 @@ void local_procs(const LaunchOptions& o, const WorldPlan& plan, int node, const 
       set_env(env, "OMP_NUM_THREADS", std::to_string(std::max<size_t>(1, cores / n.ranks.size())));
     }
     for (const auto& [k, v] : worker_env(plan, node, static_cast<int>(i), restart)) set_env(env, k, v);
+    if (isatty(STDERR_FILENO)) set_env(env, "POLYTRAIN_TTY", "1");  // progress bars may redraw
     ProcSpec p;
     p.label = cat("rank ", n.ranks[i], " (host ", n.host, ")");
     p.prefix = cat("[rank ", n.ranks[i], "] ");

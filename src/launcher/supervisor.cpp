@@ -136,8 +136,16 @@ bool pump(Proc& p, Stream& s, int tail_lines) {
   }
   s.pending.append(buf, static_cast<size_t>(n));
   size_t start = 0;
-  for (size_t nl; (nl = s.pending.find('\n', start)) != std::string::npos; start = nl + 1) {
-    emit_line(p, s, s.pending.substr(start, nl - start), tail_lines);
+  for (size_t end; (end = s.pending.find_first_of("\r\n", start)) != std::string::npos; start = end + 1) {
+    std::string piece = s.pending.substr(start, end - start);
+    if (s.pending[end] == '\r') {
+      // A progress bar redrawing itself: relay it now, keep it out of the log and the tail.
+      const std::string text = p.spec->prefix + piece + "\r";
+      std::fwrite(text.data(), 1, text.size(), s.out);
+      std::fflush(s.out);
+      continue;
+    }
+    emit_line(p, s, piece, tail_lines);
   }
   s.pending.erase(0, start);
   return true;

@@ -1,6 +1,7 @@
 // The only place that knows every backend: env_type -> Backend.
 #include "common/error.h"
 #include "parallel/backend.h"
+#include "parallel/ddp/ddp_backend.h"
 #include "parallel/single/single_backend.h"
 
 namespace polytrain {
@@ -8,9 +9,10 @@ namespace polytrain {
 std::unique_ptr<Backend> make_backend(const Config& cfg) {
   const auto& type = cfg.trainer.env_type;
   if (type == "pytorch") return std::make_unique<SingleBackend>(cfg);
-  if (type == "pytorchDDP" || type == "deepspeed" || type == "deepspeed+mpu" || type == "hivemind")
+  if (type == "pytorchDDP") return std::make_unique<DdpBackend>(cfg);
+  if (type == "deepspeed" || type == "deepspeed+mpu" || type == "hivemind")
     throw InputError("trainer.env_type: '" + type +
-                     "' is not available in this build yet (available: pytorch)");
+                     "' is not available in this build yet (available: pytorch, pytorchDDP)");
   throw InputError("trainer.env_type: unknown value '" + type +
                    "' (expected pytorch, pytorchDDP, deepspeed, deepspeed+mpu or hivemind)");
 }

@@ -2,17 +2,29 @@
 
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <string>
 
 #include "common/error.h"
 #include "trainer/tensorboard.h"
 
 namespace polytrain {
 
+namespace {
+// Workers started by `launch` write into a pipe; the launcher sets POLYTRAIN_TTY=1 when its
+// own stderr is a terminal and relays '\r' updates as they come, so the bar still works.
+bool launcher_tty() {
+  const char* v = std::getenv("POLYTRAIN_TTY");
+  return v && std::string(v) == "1";
+}
+}  // namespace
+
 namespace fs = std::filesystem;
 
 MetricsLogger::MetricsLogger(const Config& cfg, const std::string& experiment_dir, bool enabled)
-    : enabled_(enabled), tty_(::isatty(STDERR_FILENO) != 0), progress_bar_(cfg.trainer.progress_bar) {
+    : enabled_(enabled), tty_(::isatty(STDERR_FILENO) != 0 || launcher_tty()), progress_bar_(cfg.trainer.progress_bar) {
   if (!enabled_) return;
   const std::string jsonl = (fs::path(experiment_dir) / "metrics.jsonl").string();
   jsonl_ = std::fopen(jsonl.c_str(), "a");

@@ -7,6 +7,7 @@
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/archive.h>
 
+#include "common/dist_env.h"
 #include "common/error.h"
 #include "trainer/optimizers.h"
 
@@ -50,6 +51,9 @@ void clip_grads(const std::vector<at::Tensor>& params, double norm, double max_n
 }
 
 SingleBackend::SingleBackend(const Config& cfg) {
+  const int world = read_dist_env().world_size;
+  PT_INPUT_CHECK(world == 1, "trainer.env_type: 'pytorch' runs one process, but this is one of ", world,
+                 " (WORLD_SIZE); use pytorchDDP to train data-parallel");
   ctx_.device = parse_device(cfg.trainer.pytorch_device);
   accumulation_steps_ = cfg.batch.gradient_accumulation_steps;
   clip_ = cfg.gradient_clipping;
@@ -77,31 +81,41 @@ bool SingleBackend::ready_to_step(int64_t micro_steps_done) const {
 
 void SingleBackend::backward(const at::Tensor& loss) { loss.backward(); }
 
-StepResult SingleBackend::step(double lr, std::optional<double> beta1) {
+StepResult apply_update(const std::vector<at::Tensor>& params, torch::optim::Optimizer& optimizer, double clip,
+                        double lr, std::optional<double> beta1) {
   StepResult result;
-  result.grad_norm = grad_norm(params_);
+  result.grad_norm = grad_norm(params);
   result.applied = std::isfinite(result.grad_norm);
   if (result.applied) {
-    clip_grads(params_, result.grad_norm, clip_);
-    set_learning_rate(*optimizer_, lr);
-    if (beta1) set_beta1(*optimizer_, *beta1);
-    optimizer_->step();
+    clip_grads(params, result.grad_norm, clip);
+    set_learning_rate(optimizer, lr);
+    if (beta1) set_beta1(optimizer, *beta1);
+    optimizer.step();
   }
+  return result;
+}
+
+void save_optimizer_state(torch::optim::Optimizer& optimizer, torch::serialize::OutputArchive& archive) {
+  torch::serialize::OutputArchive opt;
+  optimizer.save(opt);
+  archive.write("optimizer", opt);
+}
+
+void load_optimizer_state(torch::optim::Optimizer& optimizer, torch::serialize::InputArchive& archive) {
+  torch::serialize::InputArchive opt;
+  archive.read("optimizer", opt);
+  optimizer.load(opt);
+}
+
+StepResult SingleBackend::step(double lr, std::optional<double> beta1) {
+  const StepResult result = apply_update(params_, *optimizer_, clip_, lr, beta1);
   optimizer_->zero_grad();
   return result;
 }
 
-void SingleBackend::save_state(torch::serialize::OutputArchive& archive) {
-  torch::serialize::OutputArchive opt;
-  optimizer_->save(opt);
-  archive.write("optimizer", opt);
-}
+void SingleBackend::save_state(torch::serialize::OutputArchive& archive) { save_optimizer_state(*optimizer_, archive); }
 
-void SingleBackend::load_state(torch::serialize::InputArchive& archive) {
-  torch::serialize::InputArchive opt;
-  archive.read("optimizer", opt);
-  optimizer_->load(opt);
-}
+void SingleBackend::load_state(torch::serialize::InputArchive& archive) { load_optimizer_state(*optimizer_, archive); }
 
 torch::optim::Optimizer& SingleBackend::optimizer() {
   PT_CHECK(optimizer_, "prepare() was not called");

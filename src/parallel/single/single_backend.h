@@ -40,4 +40,14 @@ double grad_norm(const std::vector<at::Tensor>& params);
 /// Scales every gradient by max_norm / norm when norm > max_norm (torch's clip_grad_norm_).
 void clip_grads(const std::vector<at::Tensor>& params, double norm, double max_norm);
 
+/// The update every replicated-parameter backend makes once gradients are final: global norm,
+/// skip when it is not finite, clip to `clip` (0 = off), set lr (and beta1), optimizer step.
+/// Gradients are left for the caller to clear.
+StepResult apply_update(const std::vector<at::Tensor>& params, torch::optim::Optimizer& optimizer, double clip,
+                        double lr, std::optional<double> beta1);
+
+/// The optimizer's state under the key "optimizer" of `archive`.
+void save_optimizer_state(torch::optim::Optimizer& optimizer, torch::serialize::OutputArchive& archive);
+void load_optimizer_state(torch::optim::Optimizer& optimizer, torch::serialize::InputArchive& archive);
+
 }  // namespace polytrain
