@@ -53,6 +53,7 @@ bool assets_present() {
 
 struct Fixture : ::testing::Test {
   fs::path dir;
+  int runs_ = 0;
   void SetUp() override {
     if (!assets_present()) GTEST_SKIP() << "assets not fetched (scripts/fetch_assets.sh)";
     dir = fs::temp_directory_path() / ("pt_ddp_" + std::to_string(::getpid()) + "_" +
@@ -80,7 +81,9 @@ struct Fixture : ::testing::Test {
   // Trains and returns {step: loss} from metrics.jsonl of the run named `name`.
   std::map<int64_t, double> train(const std::string& name, const std::string& launch_flags, const std::string& env_type,
                                   int64_t micro, const std::string& extra, CmdResult* out = nullptr) {
-    const std::string cmd = "OMP_NUM_THREADS=1 " + kLaunch + " " + launch_flags + " train_bert --config '" +
+    // Each run its own rendezvous port: ctest runs these tests in parallel.
+    const std::string port = std::to_string(20000 + (::getpid() * 7 + runs_++ * 131) % 20000);
+    const std::string cmd = "OMP_NUM_THREADS=1 " + kLaunch + " --master_port " + port + " " + launch_flags + " train_bert --config '" +
                             (dir / "config.json").string() + "' --env_type " + env_type +
                             " --train_batch_size 16 --train_micro_batch_size_per_gpu " + std::to_string(micro) +
                             " --experiment_name " + name + " --save_dir '" + (dir / name).string() + "' " + extra;
@@ -157,7 +160,8 @@ TEST_F(Fixture, KilledRankEndsTheJobAndResumeWorksAtAnotherWorldSize) {
   auto full = train("full", "--num_gpus 2", "pytorchDDP", 8, "--max_steps 40 --save_interval 20");
   // A run that loses rank 1 after its checkpoint at step 20 must end, non-zero, promptly.
   const std::string ckpt = (dir / "part").string();
-  CmdResult killed = run("sh -c '(OMP_NUM_THREADS=1 " + kLaunch + " --num_gpus 2 train_bert --config " +
+  CmdResult killed = run("sh -c '(OMP_NUM_THREADS=1 " + kLaunch + " --master_port " +
+                   std::to_string(40000 + ::getpid() % 20000) + " --num_gpus 2 train_bert --config " +
                    (dir / "config.json").string() +
                    " --env_type pytorchDDP --train_batch_size 16 --train_micro_batch_size_per_gpu 8"
                    " --experiment_name part --max_steps 1000 --save_interval 20 --save_dir " + ckpt +
