@@ -116,6 +116,19 @@ INSTANTIATE_TEST_SUITE_P(
         FilterCase{"@worker-0", "", "!empty host name"},
         FilterCase{"worker-0@", "", "!empty host name"}));
 
+// DeepSpeed's own test cases (tests/unit/launcher/test_run.py), verbatim.
+TEST(Filter, DeepSpeedRunnerCases) {
+  const auto one = parse_hostfile("worker-0 slots=4\n", "hf");
+  EXPECT_EQ(show(filter_resources(one, "", "worker-0:1")), "worker-0:0,2,3");
+  EXPECT_EQ(show(filter_resources(one, "worker-0:1,1", "")), "worker-0:1");
+  EXPECT_EQ(show(filter_resources(one, "worker-0:1@worker-0:0,1", "")), "worker-0:0,1");
+  const auto two = parse_hostfile("worker-0 slots=4\nworker-1 slots=4\n", "hf");
+  EXPECT_EQ(show(filter_resources(two, "", "worker-0:0,1@worker-1:3")), "worker-0:2,3@worker-1:0,1,2");
+  EXPECT_NE(error_of([&] { filter_resources(two, "jeff", ""); }), "");
+  EXPECT_NE(error_of([&] { filter_resources(two, "worker-1:4", ""); }), "");
+  EXPECT_NE(error_of([&] { filter_resources(two, "worker-1@worker-0:1@5", ""); }), "");
+}
+
 TEST(Limit, NumNodesAndNumGpus) {
   const auto pool = parse_hostfile("a slots=4\nb slots=4\nc slots=2\n", "hf");
   EXPECT_EQ(show(limit_resources(pool, 2, -1)), "a:0,1,2,3@b:0,1,2,3");
