@@ -13,6 +13,7 @@ PACKAGES=(
   nlohmann-json3-dev libcli11-dev       # config + flags (header-only)
   openmpi-bin libopenmpi-dev            # the openmpi launcher and MPI communicator
   libgloo-dev                           # headers of the Gloo inside libtorch (c10d ProcessGroupGloo)
+  openssh-server                        # the two-host launcher test runs a loopback sshd
   libgtest-dev libgmock-dev             # tests
 )
 # npm fetches the BERT vocab; an npm already on PATH (e.g. a non-Debian Node.js) is used as is,

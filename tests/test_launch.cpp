@@ -301,6 +301,52 @@ TEST_P(RemoteRunner, RunsEveryNodeAndPropagatesFailure) {
 
 INSTANTIATE_TEST_SUITE_P(Runners, RemoteRunner, ::testing::Values("ssh", "pdsh"));
 
+// Two "hosts" (127.0.0.2 and 127.0.0.3) served by a real OpenSSH server this test starts on
+// loopback: the ssh runner starts a per-node launcher on each, ranks are global, a failing
+// rank on one host ends the job with its code, and the other host's workers (and their
+// children) are stopped through the runner: nothing is left behind.
+TEST(Launch, TwoHostsThroughARealSshServer) {
+  TempDir t;
+  if (::geteuid() != 0 || !fs::exists("/usr/sbin/sshd") || run("command -v ssh-keygen", t.path).code != 0) {
+    GTEST_SKIP() << "needs root, /usr/sbin/sshd and ssh-keygen (Debian's openssh-server)";
+  }
+  const std::string d = t.path.string();
+  const int port = 20000 + ::getpid() % 20000;
+  ASSERT_EQ(run("ssh-keygen -q -t ed25519 -N '' -f hk && ssh-keygen -q -t ed25519 -N '' -f uk && cp uk.pub keys && "
+                "chmod 600 keys && mkdir -p /run/sshd pids",
+                t.path).code, 0);
+  t.write("sshd_config", "Port " + std::to_string(port) + "\nListenAddress 127.0.0.2\nListenAddress 127.0.0.3\n"
+          "HostKey " + d + "/hk\nAuthorizedKeysFile " + d + "/keys\nPidFile " + d + "/sshd.pid\n"
+          "UsePAM no\nStrictModes no\nPermitRootLogin yes\nPasswordAuthentication no\n");
+  ASSERT_EQ(run("/usr/sbin/sshd -f " + d + "/sshd_config", t.path).code, 0);  // daemonizes; pid in sshd.pid
+  struct StopSshd {
+    std::string pidfile;
+    ~StopSshd() {
+      std::ifstream f(pidfile);
+      int pid = 0;
+      if (f >> pid && pid > 0) ::kill(pid, SIGTERM);
+    }
+  } stop{d + "/sshd.pid"};
+  for (int i = 0; i < 50 && !fs::exists(t.path / "sshd.pid"); ++i) ::usleep(100000);
+  t.write("hostfile", "127.0.0.2 slots=2\n127.0.0.3 slots=1\n");
+  const std::string args = "--launcher_args '-p " + std::to_string(port) + " -i " + d +
+                           "/uk -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o BatchMode=yes "
+                           "-o LogLevel=ERROR'";
+  const std::string base = env_prefix(t) + kLaunch + " --hostfile hostfile --launcher ssh " + args + " " + kProbe;
+  auto r = run(base + " --lines 1", t.path);
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto p = probes(r.out);
+  ASSERT_EQ(p.size(), 3u) << r.out;
+  EXPECT_EQ(p[2]["env"]["RANK"], "2");
+  EXPECT_EQ(p[2]["env"]["CROSS_RANK"], "1");
+  EXPECT_EQ(p[0]["env"]["WORLD_SIZE"], "3");
+  r = run(base + " --fail_rank 2 --exit_code 6 --fail_after 1 --sleep 60 --grandchild --pid_dir pids", t.path);
+  EXPECT_EQ(r.code, 6) << r.out;
+  EXPECT_LT(r.seconds, 20.0) << r.out;
+  EXPECT_NE(r.out.find("rank 2 (host 127.0.0.3)"), std::string::npos) << r.out;
+  expect_all_dead(t.path / "pids");  // host 127.0.0.2's sleepers included
+}
+
 TEST(Launch, OpenMpiWorkersMapOmpiVariables) {
   TempDir t;
   if (run("command -v mpirun", t.path).code != 0) GTEST_SKIP() << "mpirun not installed";
