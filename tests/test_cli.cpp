@@ -44,7 +44,7 @@ struct TempDir {
     path = fs::temp_directory_path() / ("pt_cli_" + std::to_string(::getpid()) + "_" + std::to_string(n()++));
     fs::create_directories(path);
   }
-  ~TempDir() { fs::remove_all(path); }
+  ~TempDir() { std::error_code ec; fs::remove_all(path, ec); }
   static int& n() { static int c = 0; return c; }
   std::string write(const std::string& name, const std::string& text) const {
     std::ofstream(path / name) << text;

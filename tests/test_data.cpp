@@ -296,7 +296,7 @@ class TempDir {
                     ("polytrain_test_data_" + std::to_string(::getpid()))) {
     std::filesystem::create_directories(path_);
   }
-  ~TempDir() { std::filesystem::remove_all(path_); }
+  ~TempDir() { std::error_code ec; std::filesystem::remove_all(path_, ec); }
   std::string write(const std::string& name, const std::string& text) const {
     const auto p = (path_ / name).string();
     std::ofstream(p, std::ios::binary) << text;

@@ -56,6 +56,7 @@ struct Fixture : ::testing::Test {
   int runs_ = 0;
   void SetUp() override {
     if (!assets_present()) GTEST_SKIP() << "assets not fetched (scripts/fetch_assets.sh)";
+    if (!polytrain::comm_engine_available("gloo")) GTEST_SKIP() << "built without Gloo";
     dir = fs::temp_directory_path() / ("pt_ddp_" + std::to_string(::getpid()) + "_" +
                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir);
@@ -166,7 +167,7 @@ TEST_F(Fixture, KilledRankEndsTheJobAndResumeWorksAtAnotherWorldSize) {
                    " --env_type pytorchDDP --train_batch_size 16 --train_micro_batch_size_per_gpu 8"
                    " --experiment_name part --max_steps 1000 --save_interval 20 --save_dir " + ckpt +
                    " > " + (dir / "killed.txt").string() + " 2>&1; echo launch_rc=$? >> " + (dir / "killed.txt").string() +
-                   ") & while [ ! -f " + ckpt + "/latest ]; do sleep 0.2; done; "
+                   ") & l=$!; while [ ! -f " + ckpt + "/latest ] && kill -0 $l 2>/dev/null; do sleep 0.2; done; "
                    "pkill -9 -f \"^[^ ]*/train_bert .*--save_dir " + ckpt + " .*--local_rank=1\"; wait; cat " +
                    (dir / "killed.txt").string() + "'");
   EXPECT_NE(killed.out.find("was killed by signal 9"), std::string::npos) << killed.out;

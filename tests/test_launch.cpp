@@ -52,7 +52,10 @@ struct TempDir {
     path = fs::temp_directory_path() / ("pt_launch_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
     fs::create_directories(path);
   }
-  ~TempDir() { fs::remove_all(path); }
+  ~TempDir() {
+    std::error_code ec;  // never throw from a destructor (a daemon may still be deleting its files)
+    fs::remove_all(path, ec);
+  }
   fs::path write(const std::string& name, const std::string& text, bool exec = false) const {
     std::ofstream(path / name) << text;
     if (exec) fs::permissions(path / name, fs::perms::owner_all | fs::perms::group_read | fs::perms::others_read);
@@ -324,7 +327,11 @@ TEST(Launch, TwoHostsThroughARealSshServer) {
     ~StopSshd() {
       std::ifstream f(pidfile);
       int pid = 0;
-      if (f >> pid && pid > 0) ::kill(pid, SIGTERM);
+      if (!(f >> pid) || pid <= 0) return;
+      ::kill(pid, SIGTERM);
+      // sshd deletes its pid file on the way out; wait for that so the temp dir is not
+      // removed under it.
+      for (int i = 0; i < 50 && fs::exists(pidfile); ++i) ::usleep(100000);
     }
   } stop{d + "/sshd.pid"};
   for (int i = 0; i < 50 && !fs::exists(t.path / "sshd.pid"); ++i) ::usleep(100000);
@@ -392,9 +399,10 @@ TEST(Launch, RestartResumesTrainingFromTheLastCheckpoint) {
                           " --experiments_dir '" + (t.path / "exp").string() + "' --save_dir '" + ckpt +
                           "' --load_dir '" + ckpt + "'";
   // Kill the worker (not the launcher) once global_step10 is complete.
-  auto r = run("sh -c \"(" + cmd + ") > out.txt 2>&1 & l=$!; "
-               "while [ ! -f '" + ckpt + "/latest' ]; do sleep 0.2; done; "
-               "pkill -9 -f '^[^ ]*/train_bert .*" + ckpt + "'; wait $l; echo launch_rc=$?; cat out.txt\"",
+  // (The $ of the inner shell's variables is escaped from the outer one's double quotes.)
+  auto r = run("sh -c \"(" + cmd + ") > out.txt 2>&1 & l=\\$!; "
+               "while [ ! -f '" + ckpt + "/latest' ] && kill -0 \\$l 2>/dev/null; do sleep 0.2; done; "
+               "pkill -9 -f '^[^ ]*/train_bert .*" + ckpt + "'; wait \\$l; echo launch_rc=\\$?; cat out.txt\"",
                t.path);
   EXPECT_NE(r.out.find("launch_rc=0"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("no checkpoint in " + ckpt + " yet: starting at step 0"), std::string::npos) << r.out;

@@ -75,7 +75,7 @@ struct TempDir {
     fs::remove_all(path);
     fs::create_directories(path);
   }
-  ~TempDir() { fs::remove_all(path); }
+  ~TempDir() { std::error_code ec; fs::remove_all(path, ec); }
   static int& counter() { static int c = 0; return c; }
 };
 

@@ -13,25 +13,26 @@
 
 namespace polytrain::comm_testing {
 
-inline at::Tensor pattern(int64_t n, int64_t mod, at::ScalarType dt) {
-  return torch::arange(n, torch::kLong).remainder(mod).to(dt);
+inline at::Tensor pattern(int64_t n, int64_t mod, at::ScalarType dt, at::Device dev = at::kCPU) {
+  return torch::arange(n, torch::kLong).remainder(mod).to(dev, dt);
 }
 
 inline void expect_equal(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
   ASSERT_EQ(got.numel(), want.numel()) << what;
   if (got.numel() == 0) return;
-  EXPECT_TRUE(torch::equal(got.to(torch::kDouble), want.to(torch::kDouble)))
-      << what << ": max diff " << (got.to(torch::kDouble) - want.to(torch::kDouble)).abs().max().item<double>();
+  const auto g = got.cpu().to(torch::kDouble), w = want.cpu().to(torch::kDouble);
+  EXPECT_TRUE(torch::equal(g, w)) << what << ": max diff " << (g - w).abs().max().item<double>();
 }
 
-inline void run_collective_suite(Communicator& comm) {
+/// `dev`: where the tensors live (CPU for Gloo and MPI, the GPU for NCCL).
+inline void run_collective_suite(Communicator& comm, at::Device dev = at::kCPU) {
   const int n = comm.size(), r = comm.rank();
   const double tri = n * (n + 1) / 2.0;
   for (auto dt : {torch::kFloat, torch::kBFloat16}) {
     for (int64_t size : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{1001}, int64_t{1000003}}) {
       const std::string tag = std::string(c10::toString(dt)) + " x" + std::to_string(size) + " rank " +
                               std::to_string(r) + "/" + std::to_string(n);
-      auto base = pattern(size, 7, dt);
+      auto base = pattern(size, 7, dt, dev);
       auto t = base * (r + 1);
       comm.all_reduce(t, ReduceOp::kSum);
       expect_equal(t, base * tri, "all_reduce sum " + tag);
@@ -43,26 +44,26 @@ inline void run_collective_suite(Communicator& comm) {
       expect_equal(t, base * n, "all_reduce max " + tag);
 
       // reduce_scatter: `size` elements per rank (odd sizes: nothing divides evenly).
-      auto in = pattern(size * n, 7, dt) * (r + 1);
-      auto out = torch::full({size}, -1, dt);
+      auto in = pattern(size * n, 7, dt, dev) * (r + 1);
+      auto out = torch::full({size}, -1, torch::TensorOptions(dt).device(dev));
       comm.reduce_scatter(out, in, ReduceOp::kSum);
       expect_equal(out, pattern(size * n, 7, dt).narrow(0, r * size, size) * tri, "reduce_scatter " + tag);
 
-      auto mine = pattern(size, 3, dt) + r;
-      auto gathered = torch::full({size * n}, -1, dt);
+      auto mine = pattern(size, 3, dt, dev) + r;
+      auto gathered = torch::full({size * n}, -1, torch::TensorOptions(dt).device(dev));
       comm.all_gather(gathered, mine);
       for (int k = 0; k < n; ++k) {
         expect_equal(gathered.narrow(0, k * size, size), pattern(size, 3, dt) + k, "all_gather block " + std::to_string(k) + " " + tag);
       }
 
       const int root = n - 1;
-      auto b = r == root ? pattern(size, 5, dt) : torch::zeros({size}, dt);
+      auto b = r == root ? pattern(size, 5, dt, dev) : torch::zeros({size}, torch::TensorOptions(dt).device(dev));
       comm.broadcast(b, root);
       expect_equal(b, pattern(size, 5, dt), "broadcast " + tag);
     }
   }
   // Two collectives in flight at once, waited in reverse order.
-  auto x = torch::full({4097}, r + 1.0), y = torch::full({33}, 2.0 * (r + 1));
+  auto x = torch::full({4097}, r + 1.0, dev), y = torch::full({33}, 2.0 * (r + 1), dev);
   auto wx = comm.all_reduce_async(x, ReduceOp::kSum);
   auto wy = comm.all_reduce_async(y, ReduceOp::kSum);
   wy->wait();
@@ -80,7 +81,7 @@ inline void run_collective_suite(Communicator& comm) {
   }
   EXPECT_EQ(sub->size(), members);
   EXPECT_EQ(sub->rank(), expected_sub_rank);
-  auto s = torch::full({3}, static_cast<double>(r));
+  auto s = torch::full({3}, static_cast<double>(r), dev);
   sub->all_reduce(s, ReduceOp::kSum);
   double want = 0;
   for (int k = r % 2; k < n; k += 2) want += k;

@@ -3,9 +3,7 @@
 #include "common/dist_env.h"
 #include "common/error.h"
 #include "parallel/comm/comm_config.h"
-#if POLYTRAIN_WITH_GLOO
 #include "parallel/comm/gloo_communicator.h"
-#endif
 #if POLYTRAIN_WITH_MPI
 #include "parallel/comm/mpi_communicator.h"
 #endif
@@ -45,5 +43,14 @@ std::unique_ptr<Communicator> make_communicator(const CommOptions& opts) {
 #endif
   throw InternalError("unreachable: engine " + engine);
 }
+
+#if !POLYTRAIN_WITH_GLOO
+// A LibTorch without Gloo's headers (Python wheels ship none): the entry point stays so that
+// programs link; it says why it cannot work.
+std::unique_ptr<Communicator> make_gloo_communicator(int rank, int, const std::string&, int, std::chrono::milliseconds) {
+  throw InputError(detail::cat("rank ", rank, ": the gloo communicator is not in this build (CMake found no gloo/ "
+                               "headers for this LibTorch; set POLYTRAIN_THIRD_PARTY to a folder holding them)"));
+}
+#endif
 
 }  // namespace polytrain

@@ -19,10 +19,10 @@
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/torch.h>
 
 #include "common/error.h"
+#include "parallel/comm/rendezvous.h"
 
 namespace polytrain {
 namespace {
@@ -52,37 +52,6 @@ class DoneWork : public CommWork {
   }
 
  private:
-  std::function<void()> then_;
-};
-
-class GlooWork : public CommWork {
- public:
-  GlooWork(c10::intrusive_ptr<c10d::Work> work, std::string what, std::function<void()> then)
-      : work_(std::move(work)), what_(std::move(what)), then_(std::move(then)) {}
-  ~GlooWork() override {
-    if (work_) {  // never leave Gloo writing into a buffer that is about to be freed
-      try {
-        work_->wait();
-      } catch (...) {
-      }
-    }
-  }
-  void wait() override {
-    if (!work_) return;
-    auto w = std::exchange(work_, {});
-    try {
-      w->wait();
-    } catch (const std::exception& e) {
-      std::string msg = e.what();
-      if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
-      throw Error(cat(what_, " failed: ", msg));
-    }
-    if (then_) std::exchange(then_, {})();
-  }
-
- private:
-  c10::intrusive_ptr<c10d::Work> work_;
-  std::string what_;
   std::function<void()> then_;
 };
 
@@ -198,7 +167,8 @@ class GlooCommunicator : public Communicator {
  private:
   std::unique_ptr<CommWork> wrap(c10::intrusive_ptr<c10d::Work> work, const std::string& op,
                                  std::function<void()> then) {
-    return std::make_unique<GlooWork>(std::move(work), cat("gloo ", op, " on rank ", rank_, " of ", size_), std::move(then));
+    return std::make_unique<C10dWork>(std::move(work), cat("gloo ", op, " on rank ", rank_, " of ", size_), std::move(then),
+                                      /*wait_on_destroy=*/true);
   }
 
   c10::intrusive_ptr<c10d::Store> store_;
@@ -216,23 +186,7 @@ bool loopback(const std::string& addr) { return addr == "localhost" || addr.rfin
 
 std::unique_ptr<Communicator> make_gloo_communicator(int rank, int size, const std::string& addr, int port,
                                                      std::chrono::milliseconds timeout) {
-  PT_INPUT_CHECK(size >= 1 && rank >= 0 && rank < size, "gloo: rank ", rank, " is not in a group of ", size);
-  PT_INPUT_CHECK(port > 0 && port < 65536, "MASTER_PORT=", port, " is not a TCP port");
-  c10d::TCPStoreOptions so;
-  so.port = static_cast<uint16_t>(port);
-  so.isServer = rank == 0;
-  so.numWorkers = size;
-  so.waitWorkers = false;
-  so.timeout = timeout;
-  c10::intrusive_ptr<c10d::Store> store;
-  try {
-    store = c10::make_intrusive<c10d::TCPStore>(addr, so);
-  } catch (const std::exception& e) {
-    std::string msg = e.what();
-    if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
-    throw Error(cat("gloo: rank ", rank, " of ", size, " could not ", rank == 0 ? "host" : "reach",
-                    " the rendezvous at ", addr, ":", port, ": ", msg));
-  }
+  auto store = rendezvous_store("gloo", rank, size, addr, port, timeout);
   std::shared_ptr<::gloo::transport::Device> device;
   if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
     device = c10d::ProcessGroupGloo::createDeviceForInterface(ifname);

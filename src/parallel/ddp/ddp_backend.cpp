@@ -185,7 +185,8 @@ StepResult DdpBackend::step(double lr, std::optional<double> beta1) {
 }
 
 double DdpBackend::reduce_metric(double local_value) {
-  auto t = torch::tensor({local_value}, torch::kDouble);
+  // On the communicator's device: NCCL takes CUDA tensors only.
+  auto t = torch::tensor({local_value}, torch::kDouble).to(ctx_.device);
   comm_->all_reduce(t, ReduceOp::kAvg);
   return t.item<double>();
 }
