@@ -1,6 +1,8 @@
 // fused_linear_cross_entropy against linear + cross_entropy: loss and all three gradients,
 // with and without bias, ignored rows, chunk sizes that do / do not divide the row count,
 // a scaled upstream gradient, no-grad evaluation, and BertForMaskedLM's three head paths.
+#include <string>
+
 #include <gtest/gtest.h>
 
 #include <torch/torch.h>
@@ -67,7 +69,8 @@ TEST_P(FusedLmLoss, MatchesDenseLossAndGradients) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, FusedLmLoss,
                          ::testing::Values(Case{true, 0, 0.0}, Case{true, 4, 0.5}, Case{false, 5, 0.3},
-                                           Case{true, 1, 0.85}, Case{false, 1000, 0.0}));
+                                           Case{true, 1, 0.85}, Case{false, 1000, 0.0}),
+                         [](const auto& info) { return "case" + std::to_string(info.index); });
 
 TEST(FusedLmLoss, NoLabelledRowsIsNaNLikeTorch) {
   auto h = torch::randn({4, 8}).requires_grad_(true);

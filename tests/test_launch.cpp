@@ -3,6 +3,8 @@
 // the group with its exit code (SIGKILL after the grace period, no orphans left), SIGINT and
 // SIGTERM to the launcher, --max_restarts, --dry_run JSON, bad input, and the ssh and pdsh
 // runners end to end through stand-ins that run the remote command on this machine.
+#include <string>
+
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -188,7 +190,8 @@ TEST_P(LauncherSignal, StopsWorkersAndExitsWith128PlusSignal) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Signals, LauncherSignal,
-                         ::testing::Values(std::pair<const char*, int>{"INT", 130}, std::pair<const char*, int>{"TERM", 143}));
+                         ::testing::Values(std::pair<const char*, int>{"INT", 130}, std::pair<const char*, int>{"TERM", 143}),
+                         [](const auto& info) { return std::string(info.param.first); });
 
 TEST(Launch, MaxRestartsRestartsTheWholeGroup) {
   TempDir t;
@@ -263,7 +266,8 @@ INSTANTIATE_TEST_SUITE_P(
                       BadLaunch{"--num_gpus 2 no-such-program-xyz", "program 'no-such-program-xyz' is not on PATH"},
                       BadLaunch{"--num_gpus 2", "no PROGRAM given"},
                       BadLaunch{"--bogus_flag 1 prog", "command line: unknown option '--bogus_flag'"},
-                      BadLaunch{"--launcher telnet prog", "command line:"}));
+                      BadLaunch{"--launcher telnet prog", "command line:"}),
+                         [](const auto& info) { return "case" + std::to_string(info.index); });
 
 // Stand-ins for ssh and pdsh: run the remote command here, so the per-node launcher path
 // (--world_info, --node_rank, exports, exit codes) is exercised for real.

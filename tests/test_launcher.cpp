@@ -1,6 +1,8 @@
 // The launcher's pure parts, table-driven as DeepSpeed's runner tests are: hostfile parsing,
 // --include/--exclude, --num_nodes/--num_gpus, the world plan and worker environment, the
 // .deepspeed_env file, and the pdsh / ssh / mpirun / srun command lines.
+#include <string>
+
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -64,7 +66,8 @@ INSTANTIATE_TEST_SUITE_P(
                       BadHostfile{"a slots=x\n", "hosts.txt:1: bad hostfile entry"},
                       BadHostfile{"a slots=2 extra\n", "hosts.txt:1: bad hostfile entry"},
                       BadHostfile{"a slots=0\n", "hosts.txt:1: host 'a' has slots=0"},
-                      BadHostfile{"a:1 slots=2\n", "contains ':'"}));
+                      BadHostfile{"a:1 slots=2\n", "contains ':'"}),
+                         [](const auto& info) { return "case" + std::to_string(info.index); });
 
 TEST(Hostfile, MissingFileIsNamed) {
   EXPECT_NE(error_of([] { read_hostfile("/nonexistent/hostfile"); }).find("'/nonexistent/hostfile' cannot be read"),
@@ -114,7 +117,8 @@ INSTANTIATE_TEST_SUITE_P(
         FilterCase{"worker-0:a", "", "!slot 'a' of host 'worker-0' is not a number"},
         FilterCase{"worker-0:", "", "!has ':' but no slots"},
         FilterCase{"@worker-0", "", "!empty host name"},
-        FilterCase{"worker-0@", "", "!empty host name"}));
+        FilterCase{"worker-0@", "", "!empty host name"}),
+                         [](const auto& info) { return "case" + std::to_string(info.index); });
 
 // DeepSpeed's own test cases (tests/unit/launcher/test_run.py), verbatim.
 TEST(Filter, DeepSpeedRunnerCases) {
