@@ -21,6 +21,10 @@ struct Case {
   int64_t chunk;
   double ignored_fraction;
 };
+// What ctest shows after the case's name (CMake 3.25 puts GetParam()'s print into it).
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << "bias " << c.bias << " chunk " << c.chunk << " ignored " << c.ignored_fraction;
+}
 
 class FusedLmLoss : public ::testing::TestWithParam<Case> {};
 

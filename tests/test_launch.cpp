@@ -174,7 +174,7 @@ TEST(Launch, WorkerKilledBySignalIsReported) {
   EXPECT_LT(r.seconds, 5.0);  // the survivor (sleeping 30 s) was stopped at once
 }
 
-class LauncherSignal : public ::testing::TestWithParam<std::pair<const char*, int>> {};
+class LauncherSignal : public ::testing::TestWithParam<std::pair<std::string, int>> {};
 
 TEST_P(LauncherSignal, StopsWorkersAndExitsWith128PlusSignal) {
   TempDir t;
@@ -190,8 +190,8 @@ TEST_P(LauncherSignal, StopsWorkersAndExitsWith128PlusSignal) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Signals, LauncherSignal,
-                         ::testing::Values(std::pair<const char*, int>{"INT", 130}, std::pair<const char*, int>{"TERM", 143}),
-                         [](const auto& info) { return std::string(info.param.first); });
+                         ::testing::Values(std::pair<std::string, int>{"INT", 130}, std::pair<std::string, int>{"TERM", 143}),
+                         [](const auto& info) { return info.param.first; });
 
 TEST(Launch, MaxRestartsRestartsTheWholeGroup) {
   TempDir t;
@@ -240,6 +240,8 @@ struct BadLaunch {
   const char* args;
   const char* expect;
 };
+// What ctest shows after the case's name (CMake 3.25 puts GetParam()'s print into it).
+void PrintTo(const BadLaunch& c, std::ostream* os) { *os << c.args; }
 
 class LaunchErrors : public ::testing::TestWithParam<BadLaunch> {};
 

@@ -47,6 +47,8 @@ struct BadHostfile {
   const char* text;
   const char* expect;  // substring of the error
 };
+// What ctest shows after the case's name (CMake 3.25 puts GetParam()'s print into it).
+void PrintTo(const BadHostfile& c, std::ostream* os) { *os << c.expect; }
 
 class HostfileErrors : public ::testing::TestWithParam<BadHostfile> {};
 
@@ -79,6 +81,7 @@ struct FilterCase {
   const char* exclude;
   const char* expect;  // encoded pool, or "!substring of the error"
 };
+void PrintTo(const FilterCase& c, std::ostream* os) { *os << "include '" << c.include << "' exclude '" << c.exclude << "'"; }
 
 class Filter : public ::testing::TestWithParam<FilterCase> {};
 
