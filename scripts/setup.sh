@@ -11,6 +11,7 @@ PACKAGES=(
   build-essential cmake git ca-certificates ccache pkg-config
   libtorch-dev libopenblas0-openmp      # libtorch; OpenBLAS replaces the reference BLAS (5x on a BERT step)
   nlohmann-json3-dev libcli11-dev       # config + flags (header-only)
+  libpcre2-dev                          # GPT-2 BPE pre-tokenization (Unicode regex)
   openmpi-bin libopenmpi-dev            # the openmpi launcher and MPI communicator
   libgloo-dev                           # headers of the Gloo inside libtorch (c10d ProcessGroupGloo)
   openssh-server                        # the two-host launcher test runs a loopback sshd

@@ -1,13 +1,16 @@
 // `tokenize`: reads text lines on stdin and prints one line of space-separated token ids per
-// input line. Only the WordPiece tokenizer exists so far (data/wordpiece.h); BPE and
-// SentencePiece types are for later. Example: tokenize --vocab vocab.txt --add_special_tokens
+// input line. Types: wordpiece (data/wordpiece.h; --vocab vocab.txt [--add_special_tokens]) and
+// bpe (GPT-2's byte-level BPE, data/gpt2_bpe.h; --vocab encoder.json --merges vocab.bpe).
 #include <CLI/CLI.hpp>
 
+#include <functional>
 #include <iostream>
+#include <memory>
 #include <string>
 
 #include "common/error.h"
 #include "common/main_guard.h"
+#include "data/gpt2_bpe.h"
 #include "data/wordpiece.h"
 
 namespace {
@@ -15,11 +18,12 @@ namespace {
 int tokenize_main(int argc, char** argv) {
   CLI::App app{"Tokenize stdin, one line of ids per input line"};
   std::string type = "wordpiece";
-  std::string vocab_path;
+  std::string vocab_path, merges_path;
   bool add_special_tokens = false;
-  app.add_option("--type", type, "tokenizer type (only wordpiece so far)");
-  app.add_option("--vocab", vocab_path, "vocab.txt, one token per line")->required();
-  app.add_flag("--add_special_tokens", add_special_tokens, "wrap each line in [CLS] ... [SEP]");
+  app.add_option("--type", type, "tokenizer type: wordpiece (default) or bpe (GPT-2)");
+  app.add_option("--vocab", vocab_path, "wordpiece: vocab.txt, one token per line; bpe: encoder.json")->required();
+  app.add_option("--merges", merges_path, "bpe: vocab.bpe (the merges)");
+  app.add_flag("--add_special_tokens", add_special_tokens, "wordpiece: wrap each line in [CLS] ... [SEP]");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -28,15 +32,23 @@ int tokenize_main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     throw polytrain::InputError(e.what());
   }
-  PT_INPUT_CHECK(type == "wordpiece", "--type ", type,
-                 ": only the wordpiece tokenizer is available yet");
-
-  const auto tokenizer = polytrain::WordPieceTokenizer::from_vocab_file(vocab_path);
+  PT_INPUT_CHECK(type == "wordpiece" || type == "bpe", "--type ", type,
+                 ": unknown tokenizer type (expected wordpiece or bpe; sentencepiece is not available yet)");
+  PT_INPUT_CHECK(type != "bpe" || !merges_path.empty(), "--type bpe needs --merges vocab.bpe");
+  PT_INPUT_CHECK(type != "bpe" || !add_special_tokens, "--add_special_tokens is for --type wordpiece");
+  std::function<std::vector<int64_t>(const std::string&)> encode;
+  if (type == "bpe") {
+    auto bpe = std::make_shared<polytrain::Gpt2BpeTokenizer>(polytrain::Gpt2BpeTokenizer::from_files(vocab_path, merges_path));
+    encode = [bpe](const std::string& line) { return bpe->encode(line); };
+  } else {
+    auto wp = std::make_shared<polytrain::WordPieceTokenizer>(polytrain::WordPieceTokenizer::from_vocab_file(vocab_path));
+    encode = [wp, add_special_tokens](const std::string& line) { return wp->encode(line, add_special_tokens); };
+  }
   std::ios::sync_with_stdio(false);
   std::string line, out;
   while (std::getline(std::cin, line)) {
     out.clear();
-    for (int64_t id : tokenizer.encode(line, add_special_tokens)) {
+    for (int64_t id : encode(line)) {
       if (!out.empty()) out.push_back(' ');
       out += std::to_string(id);
     }
