@@ -70,7 +70,7 @@ int bench_step(int argc, char** argv) {
   auto am = torch::ones_like(ids), tt = torch::zeros_like(ids);
   auto one = [&] {
     backend->backward(model->forward(ids, am, tt, labels).loss);
-    backend->step(1e-4, std::nullopt);
+    backend->step(1e-4, std::nullopt, 1.0);
   };
   one();  // warm-up
   const double exposed0 = ddp ? ddp->exposed_comm_seconds() : 0.0;

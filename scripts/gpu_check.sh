@@ -54,6 +54,44 @@ if [ -x build-gpu/train_bert ] && [ -x build-gpu/launch ]; then
     --max_steps "${GPU_STEPS:-300}" --no_progress_bar --experiments_dir /tmp/exp 2>&1 | tee "$OUT/train_gpu.log" | tail -25
   echo "train rc=${PIPESTATUS[0]}"
 fi
+if [ -x build-gpu/train_bert ]; then
+  # fp16 (dynamic loss scale) and bf16 against fp32: the same run (seed, data, dropout off)
+  # three times; the logged loss curves and final eval losses side by side.
+  step "precision: fp32 vs fp16 vs bf16 (train_bert, ${PREC_STEPS:-300} steps on cuda)"
+  for p in fp32 fp16 bf16; do
+    python3 - "$p" > "/tmp/bert_$p.json" <<'PY'
+import json, sys
+c = json.load(open("configs/bert_tiny.json"))
+c["model"]["hidden_dropout_prob"] = c["model"]["attention_probs_dropout_prob"] = 0.0
+if sys.argv[1] != "fp32":
+    c[sys.argv[1]] = {"enabled": True}
+print(json.dumps(c))
+PY
+    build-gpu/train_bert --config "/tmp/bert_$p.json" --pytorch_device cuda --max_steps "${PREC_STEPS:-300}" \
+      --log_interval 10 --save_interval 0 --no_progress_bar --experiments_dir "/tmp/prec_$p" --experiment_name "$p" \
+      > "$OUT/train_$p.log" 2>&1 || { echo "$p run failed:"; tail -5 "$OUT/train_$p.log"; }
+    grep -E "overflow" "$OUT/train_$p.log" | head -5
+  done
+  python3 - <<'PY'
+import glob, json
+def curve(p):
+    f = glob.glob(f"/tmp/prec_{p}/*/{p}/metrics.jsonl")
+    if not f: return None, None
+    recs = [json.loads(l) for l in open(f[0])]
+    train = {r["step"]: r["loss"] for r in recs if "loss" in r}
+    ev = [r["eval_loss"] for r in recs if "eval_loss" in r]
+    return train, ev[-1] if ev else None
+base, base_eval = curve("fp32")
+for p in ("fp16", "bf16"):
+    c, e = curve(p)
+    if not c or not base:
+        print(p, "no metrics"); continue
+    steps = sorted(set(c) & set(base))
+    rel = [abs(c[s] / base[s] - 1) for s in steps]
+    print(f"{p}: {len(steps)} logged steps, loss vs fp32: mean |rel diff| {sum(rel)/len(rel):.4f}, max {max(rel):.4f}; "
+          f"final loss {c[steps[-1]]:.4f} vs {base[steps[-1]]:.4f}; final eval loss {e:.4f} vs fp32 {base_eval:.4f}")
+PY
+fi
 if [ -z "${GPU_SKIP_CTEST:-}" ] && [ -d build-gpu ]; then
   step "ctest"
   (cd build-gpu && ctest -j 8 --timeout 300 --output-on-failure > "$OUT/ctest.log" 2>&1; echo "ctest rc=$?")

@@ -81,7 +81,7 @@ TEST(DdpBackend, OnlyTheBoundaryMicroStepCommunicates) {
       // step() because `unused` never gets a gradient (find_unused_parameters).
       EXPECT_EQ(count, step * 2 + (m == 3 ? 1 : 0)) << "step " << step << " micro " << m;
     }
-    ddp.step(0.1, std::nullopt);
+    ddp.step(0.1, std::nullopt, 1.0);
     EXPECT_EQ(count, (step + 1) * 2);
     EXPECT_EQ(net->a->weight.grad().abs().sum().item<double>(), 0.0);  // cleared, still a view
   }
@@ -113,7 +113,7 @@ TEST(DdpBackend, UnusedParameterIsAnErrorUnlessAllowed) {
   ddp.prepare(net, cfg);
   ddp.backward(net->forward(torch::randn({2, 64})));
   try {
-    ddp.step(0.1, std::nullopt);
+    ddp.step(0.1, std::nullopt, 1.0);
     FAIL() << "expected an error";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("parameter 'unused."), std::string::npos)

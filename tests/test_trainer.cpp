@@ -161,6 +161,63 @@ TEST(Trainer, NonFiniteStepIsSkipped) {
   for (auto& p : poisoned) EXPECT_TRUE(torch::isfinite(p).all().item<bool>());
 }
 
+// bf16 (DeepSpeed's bf16.enabled): the forward runs under CPU autocast in bf16, the parameters
+// stay fp32 master weights, and the model still learns.
+TEST(Trainer, Bf16TrainsOnCpuWithFp32MasterWeights) {
+  TempDir tmp;
+  auto cfg = tiny_config(tmp.path, 0.0);
+  cfg.trainer.max_steps = 150;
+  cfg.trainer.eval_interval = 0;
+  auto fp32 = run(cfg);
+  cfg.bf16.enabled = true;
+  std::vector<at::Tensor> params;
+  auto bf16 = run(cfg, &params);
+  ASSERT_EQ(bf16.losses.size(), 150u);
+  double first = 0, last = 0, max_rel = 0;
+  for (int i = 0; i < 5; ++i) first += bf16.losses[i], last += bf16.losses[145 + i];
+  EXPECT_LT(last, first * 0.8) << "first5 " << first / 5 << " last5 " << last / 5;
+  for (size_t i = 0; i < 150; ++i) max_rel = std::max(max_rel, std::abs(bf16.losses[i] / fp32.losses[i] - 1));
+  EXPECT_GT(max_rel, 0.0) << "bf16 gave the fp32 losses bit for bit: autocast did not run";
+  EXPECT_LT(std::abs(bf16.losses[0] / fp32.losses[0] - 1), 0.02);  // same start, to bf16 rounding
+  for (auto& p : params) EXPECT_EQ(p.scalar_type(), at::kFloat);
+}
+
+TEST(Trainer, Fp16NeedsCuda) {
+  TempDir tmp;
+  auto cfg = tiny_config(tmp.path, 0.0);
+  cfg.fp16.enabled = true;
+  try {
+    run(cfg);
+    FAIL() << "fp16 on CPU trained";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("fp16.enabled needs a CUDA device"), std::string::npos) << e.what();
+  }
+}
+
+// fp16 on a GPU: an injected overflow skips the step and lowers the dynamic scale (hysteresis
+// 1), the other steps train, the parameters stay finite fp32.
+TEST(Trainer, Fp16OverflowSkipsTheStepAndLowersTheScaleOnCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  TempDir tmp;
+  auto cfg = tiny_config(tmp.path, 0.0);
+  cfg.trainer.pytorch_device = "cuda";
+  cfg.trainer.max_steps = 4;
+  cfg.trainer.eval_interval = 0;
+  cfg.fp16.enabled = true;
+  cfg.fp16.initial_scale_power = 10;
+  cfg.fp16.hysteresis = 1;
+  std::vector<at::Tensor> params;
+  auto r = run(cfg, &params, /*poison=*/1);
+  EXPECT_EQ(r.skipped_steps, 1);
+  EXPECT_EQ(r.loss_scale, 512.0);
+  EXPECT_FALSE(std::isfinite(r.losses[1]));
+  for (size_t i : {0u, 2u, 3u}) EXPECT_TRUE(std::isfinite(r.losses[i])) << i;
+  for (auto& p : params) {
+    EXPECT_EQ(p.scalar_type(), at::kFloat);
+    EXPECT_TRUE(torch::isfinite(p).all().item<bool>());
+  }
+}
+
 TEST(Trainer, ResumeIsBitExact) {
   TempDir tmp;
   auto cfg = tiny_config(tmp.path);  // dropout on: the RNG state must be restored too

@@ -30,6 +30,14 @@ torch::nn::LayerNorm layer_norm(const ModelConfig& cfg) {
   return torch::nn::LayerNorm(
       torch::nn::LayerNormOptions({cfg.hidden_size}).eps(cfg.layer_norm_eps));
 }
+
+// LayerNorm in its weights' type (fp32 under fp16/bf16 autocast, as autocast's fp32 list does
+// on CUDA; LibTorch 1.13's CPU kernel rejects a bf16 input with fp32 weights).
+at::Tensor norm(torch::nn::LayerNorm& ln, const at::Tensor& x) {
+  const auto t = ln->weight.scalar_type();
+  return ln(x.scalar_type() == t ? x : x.to(t));
+}
+
 }  // namespace
 
 BertEmbeddingsImpl::BertEmbeddingsImpl(const ModelConfig& cfg) {
@@ -61,7 +69,7 @@ at::Tensor BertEmbeddingsImpl::forward(const at::Tensor& input_ids, const at::Te
   }
   auto x = word_embeddings(input_ids) + position_embeddings(positions) +
            token_type_embeddings(token_type_ids);
-  return dropout(LayerNorm(x));
+  return dropout(norm(LayerNorm, x));
 }
 
 BertSelfAttentionImpl::BertSelfAttentionImpl(const ModelConfig& cfg)
@@ -90,7 +98,7 @@ BertOutputImpl::BertOutputImpl(int64_t in, int64_t out, const ModelConfig& cfg) 
 }
 
 at::Tensor BertOutputImpl::forward(const at::Tensor& x, const at::Tensor& residual) {
-  return LayerNorm(dropout(dense(x)) + residual);
+  return norm(LayerNorm, dropout(dense(x)) + residual);
 }
 
 BertAttentionImpl::BertAttentionImpl(const ModelConfig& cfg) {
@@ -164,7 +172,7 @@ BertLMHeadImpl::BertLMHeadImpl(const ModelConfig& cfg, const at::Tensor& word_em
 }
 
 at::Tensor BertLMHeadImpl::transform(const at::Tensor& hidden) {
-  return LayerNorm(activation(act_, dense(hidden)));
+  return norm(LayerNorm, activation(act_, dense(hidden)));
 }
 
 at::Tensor BertLMHeadImpl::forward(const at::Tensor& hidden) {

@@ -52,9 +52,10 @@ class Backend {
   /// Backward of one micro-batch's loss, already divided by the accumulation count.
   virtual void backward(const at::Tensor& loss) = 0;
 
-  /// Reduces gradients if needed, checks they are finite, clips by the global norm
+  /// Reduces gradients if needed, divides them by `loss_scale` (the fp16 loss scale the loss
+  /// was multiplied by; 1 otherwise), checks they are finite, clips by the global norm
   /// (`gradient_clipping`, 0 = off), applies lr/beta1 and updates. Gradients are cleared after.
-  virtual StepResult step(double lr, std::optional<double> beta1) = 0;
+  virtual StepResult step(double lr, std::optional<double> beta1, double loss_scale) = 0;
 
   /// The global value of a logged number (mean over data-parallel ranks).
   virtual double reduce_metric(double local_value) = 0;

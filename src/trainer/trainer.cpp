@@ -26,6 +26,7 @@
 #include "trainer/checkpoint.h"
 #include "trainer/experiment.h"
 #include "trainer/lr_schedule.h"
+#include "trainer/autocast.h"
 #include "trainer/metrics.h"
 
 namespace polytrain {
@@ -44,6 +45,19 @@ std::string fmt(const char* f, double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, f, v);
   return buf;
+}
+
+// fp16 / bf16 (DeepSpeed's `fp16.enabled` / `bf16.enabled`): the forward runs under autocast in
+// that type; parameters, gradients and optimizer state stay fp32 (the master weights).
+std::optional<c10::ScalarType> autocast_type(const Config& cfg) {
+  if (cfg.fp16.enabled) return c10::kHalf;
+  if (cfg.bf16.enabled) return c10::kBFloat16;
+  return std::nullopt;
+}
+
+std::unique_ptr<AutocastGuard> maybe_autocast(const Config& cfg, const c10::Device& device) {
+  if (auto t = autocast_type(cfg)) return std::make_unique<AutocastGuard>(device.type(), *t);
+  return nullptr;
 }
 
 }  // namespace
@@ -70,7 +84,9 @@ EvalResult Trainer::evaluate(torch::nn::Module& model, const BatchSource& eval_d
   for (int64_t b = ctx.dp_rank; b < batches; b += ctx.dp_size) {
     std::vector<int64_t> idx(micro);
     for (int64_t i = 0; i < micro; ++i) idx[i] = b * micro + i;
-    auto out = forward_step(eval_data.make_batch(idx, 0).to(ctx.device), model);
+    auto batch = eval_data.make_batch(idx, 0).to(ctx.device);
+    auto autocast = maybe_autocast(cfg_, ctx.device);
+    auto out = forward_step(batch, model);
     sum += out.loss.item<double>();
     ++mine;
   }
@@ -100,6 +116,7 @@ void Trainer::save(torch::nn::Module& model, int64_t step, const std::string& ta
   const bool is_best = tag == "best";
   nlohmann::json meta = {{"step", step},
                          {"skipped_steps", skipped_steps_},
+                         {"loss_scaler", scaler_ ? scaler_->state() : nlohmann::json(nullptr)},
                          {"best_eval_loss", std::isnan(best_eval_loss_) ? nlohmann::json(nullptr)
                                                                        : nlohmann::json(best_eval_loss_)},
                          {"world_size", backend_->context().world_size},
@@ -157,6 +174,9 @@ TrainResult Trainer::train(std::shared_ptr<torch::nn::Module> model, const Batch
   save_dir_ = opts.save_dir.empty() ? (fs::path(experiment_dir_) / "checkpoints").string() : opts.save_dir;
   metrics_ = std::make_unique<MetricsLogger>(cfg_, experiment_dir_, ctx.is_main());
 
+  PT_INPUT_CHECK(!cfg_.fp16.enabled || ctx.device.is_cuda(),
+                 "fp16.enabled needs a CUDA device (trainer.pytorch_device cuda); on CPU use bf16.enabled");
+  if (cfg_.fp16.enabled) scaler_.emplace(cfg_.fp16);
   backend_->prepare(model, cfg_);
   model->train();
   auto schedule = make_lr_schedule(cfg_.scheduler, cfg_.optimizer.lr);
@@ -180,6 +200,7 @@ TrainResult Trainer::train(std::shared_ptr<torch::nn::Module> model, const Batch
     });
     step = meta.at("step").get<int64_t>();
     skipped_steps_ = meta.value("skipped_steps", int64_t{0});
+    if (scaler_ && meta.contains("loss_scaler") && !meta["loss_scaler"].is_null()) scaler_->load_state(meta["loss_scaler"]);
     if (meta.contains("best_eval_loss") && meta["best_eval_loss"].is_number())
       best_eval_loss_ = meta["best_eval_loss"].get<double>();
     auto rng = at::detail::getDefaultCPUGenerator();
@@ -205,6 +226,7 @@ TrainResult Trainer::train(std::shared_ptr<torch::nn::Module> model, const Batch
     const int64_t base = (step % per_epoch) * global_batch;
     const int64_t lr_step = step - skipped_steps_;
     const double lr = schedule->lr(lr_step);
+    const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
 
     double loss_sum = 0.0;
     int64_t m = 0;
@@ -213,19 +235,28 @@ TrainResult Trainer::train(std::shared_ptr<torch::nn::Module> model, const Batch
       PT_CHECK(start + micro <= base + global_batch, "micro-batch ", m, " overruns the global batch");
       std::vector<int64_t> idx(order.begin() + start, order.begin() + start + micro);
       Batch batch = train_data.make_batch(idx, epoch).to(ctx.device);
-      auto out = forward_step(batch, *model);
+      ModelOutput out;
+      {
+        auto autocast = maybe_autocast(cfg_, ctx.device);
+        out = forward_step(batch, *model);
+      }
       PT_CHECK(out.loss.defined(), "forward_step returned no loss");
       const int64_t accumulation = cfg_.batch.gradient_accumulation_steps;
-      backend_->backward(out.loss / static_cast<double>(accumulation));
+      at::Tensor scaled = out.loss;
+      if (loss_scale != 1.0) scaled = scaled.to(torch::kFloat) * loss_scale;  // a power of 2: exact
+      backend_->backward(scaled / static_cast<double>(accumulation));
       loss_sum += out.loss.detach().item<double>();
     }
-    const StepResult sr = backend_->step(lr, schedule->momentum(lr_step));
+    const StepResult sr = backend_->step(lr, schedule->momentum(lr_step), loss_scale);
     const double loss = backend_->reduce_metric(loss_sum / static_cast<double>(m));
     ++step;
     ++interval_steps;
     result.losses.push_back(loss);
-    if (!sr.applied) {
-      ++skipped_steps_;
+    if (!sr.applied) ++skipped_steps_;
+    if (scaler_) {
+      const std::string what = scaler_->update(!sr.applied);
+      if (!what.empty()) metrics_->print_line("step " + std::to_string(step) + ": " + what);
+    } else if (!sr.applied) {
       metrics_->print_line("step " + std::to_string(step) + ": non-finite gradients, update skipped");
     }
 
@@ -238,11 +269,13 @@ TrainResult Trainer::train(std::shared_ptr<torch::nn::Module> model, const Batch
       metrics_->record(step,
                        {{"loss", loss}, {"lr", lr}, {"grad_norm", sr.grad_norm},
                         {"samples_per_second", samples_per_s}, {"ms_per_step", ms_per_step},
-                        {"epoch", epoch}, {"skipped_steps", skipped_steps_}},
+                        {"epoch", epoch}, {"skipped_steps", skipped_steps_},
+                        {"loss_scale", scaler_ ? scaler_->scale() : 1.0}},
                        "train/");
       metrics_->print_line("step " + std::to_string(step) + "/" + std::to_string(total_steps) + " | " +
                            fmt("%.1f", ms_per_step) + " ms/step | lr " + fmt("%.3e", lr) + " | loss " +
-                           fmt("%.4f", loss) + " | " + fmt("%.1f", samples_per_s) + " samples/s");
+                           fmt("%.4f", loss) + " | " + fmt("%.1f", samples_per_s) + " samples/s" +
+                           (scaler_ ? " | loss scale " + fmt("%.0f", scaler_->scale()) : ""));
       interval_start = std::chrono::steady_clock::now();
       interval_steps = 0;
     }
@@ -254,6 +287,7 @@ TrainResult Trainer::train(std::shared_ptr<torch::nn::Module> model, const Batch
   metrics_->finish();
   result.steps = step;
   result.skipped_steps = skipped_steps_;
+  result.loss_scale = scaler_ ? scaler_->scale() : 1.0;
   result.best_eval_loss = best_eval_loss_;
   result.experiment_dir = experiment_dir_;
   result.save_dir = save_dir_;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "data/batch.h"
 #include "data/batch_source.h"
 #include "models/model_output.h"
+#include "trainer/loss_scaler.h"
 
 namespace polytrain {
 
@@ -23,7 +25,8 @@ class MetricsLogger;
 /// What train() did.
 struct TrainResult {
   int64_t steps = 0;             ///< optimizer steps done in total (resumed ones included)
-  int64_t skipped_steps = 0;     ///< updates skipped for non-finite gradients
+  int64_t skipped_steps = 0;     ///< updates skipped for non-finite gradients (fp16 overflows included)
+  double loss_scale = 1.0;       ///< the fp16 loss scale at the end (1 without fp16)
   std::vector<double> losses;    ///< global mean loss of each step run in this call
   double best_eval_loss = 0.0;   ///< NaN when no evaluation ran
   std::string experiment_dir;    ///< this run's folder
@@ -71,6 +74,7 @@ class Trainer {
   int64_t skipped_steps_ = 0;
   double best_eval_loss_;
   std::vector<std::string> saved_tags_;
+  std::optional<LossScaler> scaler_;  ///< fp16 only
 };
 
 }  // namespace polytrain

@@ -160,7 +160,7 @@ void DdpBackend::launch(Bucket& b) {
   if (!b.work) b.work = comm_->all_reduce_async(b.buffer, ReduceOp::kAvg);
 }
 
-StepResult DdpBackend::step(double lr, std::optional<double> beta1) {
+StepResult DdpBackend::step(double lr, std::optional<double> beta1, double loss_scale) {
   const auto t0 = std::chrono::steady_clock::now();
   for (auto& b : buckets_) {
     if (!b.work && b.pending > 0 && !find_unused_) {
@@ -179,7 +179,7 @@ StepResult DdpBackend::step(double lr, std::optional<double> beta1) {
   }
   exposed_comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // Identical gradients on every rank: the same norm, the same skip decision everywhere.
-  const StepResult result = apply_update(params_, *optimizer_, clip_, lr, beta1);
+  const StepResult result = apply_update(params_, *optimizer_, clip_, lr, beta1, loss_scale);
   for (auto& b : buckets_) b.buffer.zero_();  // never set_to_none: .grad must stay a bucket view
   return result;
 }

@@ -25,7 +25,7 @@ class DdpBackend : public Backend {
   void prepare(std::shared_ptr<torch::nn::Module> model, const Config& cfg) override;
   bool ready_to_step(int64_t micro_steps_done) const override;
   void backward(const at::Tensor& loss) override;
-  StepResult step(double lr, std::optional<double> beta1) override;
+  StepResult step(double lr, std::optional<double> beta1, double loss_scale) override;
   double reduce_metric(double local_value) override;
   void save_state(torch::serialize::OutputArchive& archive) override;
   void load_state(torch::serialize::InputArchive& archive) override;

@@ -82,8 +82,12 @@ bool SingleBackend::ready_to_step(int64_t micro_steps_done) const {
 void SingleBackend::backward(const at::Tensor& loss) { loss.backward(); }
 
 StepResult apply_update(const std::vector<at::Tensor>& params, torch::optim::Optimizer& optimizer, double clip,
-                        double lr, std::optional<double> beta1) {
+                        double lr, std::optional<double> beta1, double loss_scale) {
   StepResult result;
+  if (loss_scale != 1.0) {  // unscale first: the norm, clipping and the update see true gradients
+    for (const auto& p : params)
+      if (p.grad().defined()) p.grad().mul_(1.0 / loss_scale);
+  }
   result.grad_norm = grad_norm(params);
   result.applied = std::isfinite(result.grad_norm);
   if (result.applied) {
@@ -107,8 +111,8 @@ void load_optimizer_state(torch::optim::Optimizer& optimizer, torch::serialize::
   optimizer.load(opt);
 }
 
-StepResult SingleBackend::step(double lr, std::optional<double> beta1) {
-  const StepResult result = apply_update(params_, *optimizer_, clip_, lr, beta1);
+StepResult SingleBackend::step(double lr, std::optional<double> beta1, double loss_scale) {
+  const StepResult result = apply_update(params_, *optimizer_, clip_, lr, beta1, loss_scale);
   optimizer_->zero_grad();
   return result;
 }

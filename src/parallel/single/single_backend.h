@@ -15,7 +15,7 @@ class SingleBackend : public Backend {
   void prepare(std::shared_ptr<torch::nn::Module> model, const Config& cfg) override;
   bool ready_to_step(int64_t micro_steps_done) const override;
   void backward(const at::Tensor& loss) override;
-  StepResult step(double lr, std::optional<double> beta1) override;
+  StepResult step(double lr, std::optional<double> beta1, double loss_scale) override;
   double reduce_metric(double local_value) override { return local_value; }
   void save_state(torch::serialize::OutputArchive& archive) override;
   void load_state(torch::serialize::InputArchive& archive) override;
@@ -44,7 +44,7 @@ void clip_grads(const std::vector<at::Tensor>& params, double norm, double max_n
 /// skip when it is not finite, clip to `clip` (0 = off), set lr (and beta1), optimizer step.
 /// Gradients are left for the caller to clear.
 StepResult apply_update(const std::vector<at::Tensor>& params, torch::optim::Optimizer& optimizer, double clip,
-                        double lr, std::optional<double> beta1);
+                        double lr, std::optional<double> beta1, double loss_scale = 1.0);
 
 /// The optimizer's state under the key "optimizer" of `archive`.
 void save_optimizer_state(torch::optim::Optimizer& optimizer, torch::serialize::OutputArchive& archive);
