@@ -13,6 +13,7 @@
 #include "common/config.h"
 #include "common/error.h"
 #include "parallel/single/single_backend.h"
+#include "trainer/autocast.h"
 #include "trainer/loss_scaler.h"
 
 namespace polytrain {
@@ -139,6 +140,34 @@ TEST(LossScaler, BackendsUnscaleBeforeNormClipAndStep) {
   const auto before = p2.detach().clone();
   EXPECT_FALSE(apply_update({p2}, o2, 0.5, 0.1, std::nullopt, 1024.0).applied);
   EXPECT_TRUE(torch::equal(p2, before));
+}
+
+// The guard really switches autocast on for the device (matmuls run in the low type), nests,
+// and restores the previous state.
+TEST(Autocast, Bf16OnCpuNestsAndRestores) {
+  const auto a = torch::randn({4, 4}), b = torch::randn({4, 4});
+  EXPECT_EQ(torch::mm(a, b).scalar_type(), at::kFloat);
+  {
+    AutocastGuard outer(c10::kCPU, at::kBFloat16);
+    EXPECT_EQ(torch::mm(a, b).scalar_type(), at::kBFloat16);
+    {
+      AutocastGuard inner(c10::kCPU, at::kBFloat16);
+      EXPECT_EQ(torch::mm(a, b).scalar_type(), at::kBFloat16);
+    }
+    EXPECT_EQ(torch::mm(a, b).scalar_type(), at::kBFloat16);
+  }
+  EXPECT_EQ(torch::mm(a, b).scalar_type(), at::kFloat);
+  EXPECT_THROW(AutocastGuard(c10::kCPU, at::kHalf), InputError);
+}
+
+TEST(Autocast, Fp16AndBf16OnCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const auto a = torch::randn({4, 4}, torch::kCUDA), b = torch::randn({4, 4}, torch::kCUDA);
+  for (auto t : {at::kHalf, at::kBFloat16}) {
+    AutocastGuard g(c10::kCUDA, t);
+    EXPECT_EQ(torch::mm(a, b).scalar_type(), t);
+  }
+  EXPECT_EQ(torch::mm(a, b).scalar_type(), at::kFloat);
 }
 
 }  // namespace
