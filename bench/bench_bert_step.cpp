@@ -3,7 +3,11 @@
 // bert_step_torch.py. Usage: bench_bert_step tiny|base STEPS THREADS [MODE]
 // MODE: default (the trainer's default: fused LM loss, no [tokens, vocab] logits),
 //       dense (logits materialised + cross_entropy: the same kernels as the Python side),
-//       masked_only (fused loss and the head transform only at masked positions).
+//       masked_only (fused loss and the head transform only at masked positions),
+//       checkpoint (default + activation checkpointing of every encoder layer).
+// Also prints the process's peak resident memory (getrusage), for bench/activation_memory.sh.
+#include <sys/resource.h>
+
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -19,7 +23,7 @@ using namespace polytrain;
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: bench_bert_step tiny|base STEPS THREADS [default|dense|masked_only]\n");
+    std::fprintf(stderr, "usage: bench_bert_step tiny|base STEPS THREADS [default|dense|masked_only|checkpoint]\n");
     return 2;
   }
   const std::string size = argv[1];
@@ -37,6 +41,7 @@ int main(int argc, char** argv) {
   BertForMaskedLM model(mc);
   model->score_masked_only_ = mode == "masked_only";
   model->fused_lm_loss_ = mode != "dense";
+  model->set_activation_checkpointing(mode == "checkpoint");
   OptimizerConfig oc;
   oc.type = "AdamW";
   oc.lr = 1e-4;
@@ -60,5 +65,8 @@ int main(int argc, char** argv) {
   for (int i = 0; i < steps; ++i) step();
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / steps;
   std::printf("ms_per_step %s %.2f\n", size.c_str(), ms);
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  std::printf("peak_rss_mb %.1f\n", ru.ru_maxrss / 1024.0);
   return 0;
 }

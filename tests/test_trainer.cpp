@@ -218,6 +218,28 @@ TEST(Trainer, Fp16OverflowSkipsTheStepAndLowersTheScaleOnCuda) {
   }
 }
 
+// trainer.checkpoint_activations (FlagAI) and an activation_checkpointing block (DeepSpeed)
+// switch it on; training is then the same, bit for bit, dropout included.
+TEST(Trainer, ActivationCheckpointingTrainsIdentically) {
+  TempDir tmp;
+  auto cfg = tiny_config(tmp.path, 0.1);
+  cfg.trainer.max_steps = 6;
+  cfg.trainer.eval_interval = 0;
+  std::vector<at::Tensor> plain, flag, block;
+  auto a = run(cfg, &plain);
+  cfg.trainer.checkpoint_activations = true;
+  auto b = run(cfg, &flag);
+  cfg.trainer.checkpoint_activations = false;
+  cfg.activation_checkpointing_present = true;
+  auto c = run(cfg, &block);
+  EXPECT_EQ(a.losses, b.losses);
+  EXPECT_EQ(a.losses, c.losses);
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_TRUE(torch::equal(plain[i], flag[i])) << i;
+    EXPECT_TRUE(torch::equal(plain[i], block[i])) << i;
+  }
+}
+
 TEST(Trainer, ResumeIsBitExact) {
   TempDir tmp;
   auto cfg = tiny_config(tmp.path);  // dropout on: the RNG state must be restored too

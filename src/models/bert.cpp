@@ -9,6 +9,7 @@
 #include <torch/nn/init.h>
 
 #include "common/error.h"
+#include "models/activation_checkpoint.h"
 #include "models/fused_lm_loss.h"
 
 namespace polytrain {
@@ -134,7 +135,13 @@ BertEncoderImpl::BertEncoderImpl(const ModelConfig& cfg) {
 }
 
 at::Tensor BertEncoderImpl::forward(at::Tensor x, const at::Tensor& additive_mask) {
-  for (const auto& m : *layer) x = m->as<BertLayer>()->forward(x, additive_mask);
+  for (const auto& m : *layer) {
+    auto* l = m->as<BertLayer>();
+    if (checkpoint_layers && is_training())
+      x = checkpointed([l, additive_mask](const at::Tensor& h) { return l->forward(h, additive_mask); }, x);
+    else
+      x = l->forward(x, additive_mask);
+  }
   return x;
 }
 
@@ -195,6 +202,8 @@ BertForMaskedLMImpl::BertForMaskedLMImpl(const ModelConfig& cfg)
   }
   init_weights(cfg.initializer_range);
 }
+
+void BertForMaskedLMImpl::set_activation_checkpointing(bool on) { encoder_model->encoder->checkpoint_layers = on; }
 
 void BertForMaskedLMImpl::init_weights(double std) {
   torch::NoGradGuard no_grad;

@@ -11,6 +11,7 @@
 #include <torch/nn/modules/normalization.h>
 
 #include "common/config.h"
+#include "models/activation_checkpoint.h"
 #include "models/model_output.h"
 
 namespace polytrain {
@@ -78,6 +79,7 @@ struct BertEncoderImpl : torch::nn::Module {
   explicit BertEncoderImpl(const ModelConfig& cfg);
   at::Tensor forward(at::Tensor x, const at::Tensor& additive_mask);
   torch::nn::ModuleList layer{nullptr};
+  bool checkpoint_layers = false;  ///< recompute each layer in backward (models/activation_checkpoint.h)
 };
 TORCH_MODULE(BertEncoder);
 
@@ -107,8 +109,10 @@ TORCH_MODULE(BertLMHead);
 
 /// BERT (or RoBERTa, by model_type) with the masked-LM head. Parameter names are HF's:
 /// bert.* + cls.predictions.* for BERT, roberta.* + lm_head.* for RoBERTa.
-struct BertForMaskedLMImpl : torch::nn::Module {
+struct BertForMaskedLMImpl : torch::nn::Module, ActivationCheckpointing {
   explicit BertForMaskedLMImpl(const ModelConfig& cfg);
+  /// Checkpoints every encoder layer (the embeddings and the head are kept).
+  void set_activation_checkpointing(bool on) override;
   /// labels: -100 where no prediction is wanted. When score_masked_only is set, logits are
   /// computed only at labelled positions (same loss, less work; NVIDIA/Megatron BERT do this).
   /// When fused_lm_loss is set and labels are given, the loss is computed without the [N, V]

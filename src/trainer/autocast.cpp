@@ -36,6 +36,12 @@ void set_dtype(c10::DeviceType d, c10::ScalarType t) {
 
 }  // namespace
 
+std::optional<c10::ScalarType> autocast_type(c10::DeviceType device) {
+  if (device != c10::kCUDA && device != c10::kCPU) return std::nullopt;
+  if (!enabled(device)) return std::nullopt;
+  return dtype(device);
+}
+
 AutocastGuard::AutocastGuard(c10::DeviceType device, c10::ScalarType dtype_)
     : device_(device), prev_enabled_(enabled(device)), prev_dtype_(dtype(device)) {
   PT_INPUT_CHECK(device == c10::kCUDA || device == c10::kCPU, "autocast: device type ", c10::DeviceTypeName(device),

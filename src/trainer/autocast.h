@@ -5,7 +5,12 @@
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
 
+#include <optional>
+
 namespace polytrain {
+
+/// The autocast type active for `device` now (nullopt when autocast is off).
+std::optional<c10::ScalarType> autocast_type(c10::DeviceType device);
 
 /// Enables autocast for `device` with `dtype` for its lifetime (nestable); restores the previous
 /// settings and clears the cast-weight cache when the outermost guard ends.

@@ -21,6 +21,7 @@
 
 #include "common/error.h"
 #include "data/sample_order.h"
+#include "models/activation_checkpoint.h"
 #include "models/safetensors.h"
 #include "parallel/backend.h"
 #include "trainer/checkpoint.h"
@@ -49,14 +50,14 @@ std::string fmt(const char* f, double v) {
 
 // fp16 / bf16 (DeepSpeed's `fp16.enabled` / `bf16.enabled`): the forward runs under autocast in
 // that type; parameters, gradients and optimizer state stay fp32 (the master weights).
-std::optional<c10::ScalarType> autocast_type(const Config& cfg) {
+std::optional<c10::ScalarType> precision_type(const Config& cfg) {
   if (cfg.fp16.enabled) return c10::kHalf;
   if (cfg.bf16.enabled) return c10::kBFloat16;
   return std::nullopt;
 }
 
 std::unique_ptr<AutocastGuard> maybe_autocast(const Config& cfg, const c10::Device& device) {
-  if (auto t = autocast_type(cfg)) return std::make_unique<AutocastGuard>(device.type(), *t);
+  if (auto t = precision_type(cfg)) return std::make_unique<AutocastGuard>(device.type(), *t);
   return nullptr;
 }
 
@@ -177,6 +178,12 @@ TrainResult Trainer::train(std::shared_ptr<torch::nn::Module> model, const Batch
   PT_INPUT_CHECK(!cfg_.fp16.enabled || ctx.device.is_cuda(),
                  "fp16.enabled needs a CUDA device (trainer.pytorch_device cuda); on CPU use bf16.enabled");
   if (cfg_.fp16.enabled) scaler_.emplace(cfg_.fp16);
+  if (opts.checkpoint_activations || cfg_.activation_checkpointing_present) {
+    auto* ac = dynamic_cast<ActivationCheckpointing*>(model.get());
+    PT_INPUT_CHECK(ac, "activation checkpointing (trainer.checkpoint_activations or an activation_checkpointing "
+                       "block) is on, but this model does not implement polytrain::ActivationCheckpointing");
+    ac->set_activation_checkpointing(true);
+  }
   backend_->prepare(model, cfg_);
   model->train();
   auto schedule = make_lr_schedule(cfg_.scheduler, cfg_.optimizer.lr);

@@ -1,0 +1,26 @@
+// Activation checkpointing (FlagAI's checkpoint_activations, DeepSpeed's
+// activation_checkpointing, torch.utils.checkpoint in reentrant mode): a block's forward runs
+// without keeping its intermediate activations; backward runs it again, with the RNG state and
+// autocast setting of the first run (so dropout masks and precision match), and back-propagates
+// through the recomputed graph. Gradients equal the plain run's, bit for bit on CPU fp32.
+#pragma once
+
+#include <functional>
+
+#include <ATen/core/Tensor.h>
+
+namespace polytrain {
+
+/// fn(x), keeping only x for backward. Without grad mode, or when nothing needs a gradient, it is
+/// just fn(x). Tensors fn reads besides x (masks, ...) are captured by fn and get no gradient.
+at::Tensor checkpointed(std::function<at::Tensor(const at::Tensor&)> fn, const at::Tensor& x);
+
+/// Models with transformer blocks that can be checkpointed implement this; the Trainer switches
+/// it on from trainer.checkpoint_activations or an `activation_checkpointing` config block.
+class ActivationCheckpointing {
+ public:
+  virtual ~ActivationCheckpointing() = default;
+  virtual void set_activation_checkpointing(bool on) = 0;
+};
+
+}  // namespace polytrain
