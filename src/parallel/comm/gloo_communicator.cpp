@@ -147,21 +147,10 @@ class GlooCommunicator : public Communicator {
   void barrier() override { wrap(pg_->barrier(), "barrier", {})->wait(); }
 
   std::unique_ptr<Communicator> split(int color, int key) override {
-    auto mine = torch::tensor({static_cast<int64_t>(color), static_cast<int64_t>(key)}, torch::kLong);
-    auto all = torch::empty({2 * size_}, torch::kLong);
-    all_gather(all, mine);
-    std::vector<std::tuple<int64_t, int, int>> members;  // (key, rank) of my colour
-    for (int r = 0; r < size_; ++r) {
-      if (all[2 * r].item<int64_t>() == color) members.emplace_back(all[2 * r + 1].item<int64_t>(), r, r);
-    }
-    std::sort(members.begin(), members.end());
-    int new_rank = 0;
-    for (size_t i = 0; i < members.size(); ++i)
-      if (std::get<1>(members[i]) == rank_) new_rank = static_cast<int>(i);
+    const SplitPlace place = split_place(*this, color, key, c10::Device(c10::kCPU));
     const std::string prefix = cat(name_, "/split", splits_++, "/color", color);
     auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, store_);
-    return std::make_unique<GlooCommunicator>(store, new_rank, static_cast<int>(members.size()), timeout_, device_,
-                                              prefix);
+    return std::make_unique<GlooCommunicator>(store, place.rank, place.size, timeout_, device_, prefix);
   }
 
  private:

@@ -84,22 +84,10 @@ class NcclCommunicator : public Communicator {
   void barrier() override { wrap(pg_->barrier(), "barrier")->wait(); }
 
   std::unique_ptr<Communicator> split(int color, int key) override {
-    auto dev = torch::TensorOptions().dtype(torch::kLong).device(torch::kCUDA);
-    auto mine = torch::tensor({static_cast<int64_t>(color), static_cast<int64_t>(key)}, torch::kLong).to(dev.device());
-    auto all = torch::empty({2 * size_}, dev);
-    all_gather(all, mine);
-    auto host = all.cpu();
-    std::vector<std::pair<int64_t, int>> members;  // (key, rank) of my colour
-    for (int r = 0; r < size_; ++r) {
-      if (host[2 * r].item<int64_t>() == color) members.emplace_back(host[2 * r + 1].item<int64_t>(), r);
-    }
-    std::sort(members.begin(), members.end());
-    int new_rank = 0;
-    for (size_t i = 0; i < members.size(); ++i)
-      if (members[i].second == rank_) new_rank = static_cast<int>(i);
+    const SplitPlace place = split_place(*this, color, key, c10::Device(c10::kCUDA));
     const std::string prefix = cat(name_, "/split", splits_++, "/color", color);
-    return std::make_unique<NcclCommunicator>(c10::make_intrusive<c10d::PrefixStore>(prefix, store_), new_rank,
-                                              static_cast<int>(members.size()), timeout_, prefix);
+    return std::make_unique<NcclCommunicator>(c10::make_intrusive<c10d::PrefixStore>(prefix, store_), place.rank,
+                                              place.size, timeout_, prefix);
   }
 
  private:

@@ -1,12 +1,33 @@
 #include "parallel/comm/rendezvous.h"
 
+#include <algorithm>
 #include <utility>
+#include <vector>
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/torch.h>
 
 #include "common/error.h"
 
 namespace polytrain {
+
+SplitPlace split_place(Communicator& comm, int color, int key, const c10::Device& device) {
+  const int size = comm.size();
+  auto opts = torch::TensorOptions().dtype(torch::kLong).device(device);
+  auto mine = torch::tensor({static_cast<int64_t>(color), static_cast<int64_t>(key)}, torch::kLong).to(device);
+  auto all = torch::empty({2 * size}, opts);
+  comm.all_gather(all, mine);
+  const auto host = all.cpu();
+  const int64_t* v = host.data_ptr<int64_t>();
+  std::vector<std::pair<int64_t, int>> members;  // (key, old rank) of my colour
+  for (int r = 0; r < size; ++r)
+    if (v[2 * r] == color) members.emplace_back(v[2 * r + 1], r);
+  std::sort(members.begin(), members.end());
+  SplitPlace place{0, static_cast<int>(members.size())};
+  for (size_t i = 0; i < members.size(); ++i)
+    if (members[i].second == comm.rank()) place.rank = static_cast<int>(i);
+  return place;
+}
 
 std::string first_line(const std::exception& e) {
   std::string msg = e.what();

@@ -18,6 +18,14 @@ c10::intrusive_ptr<c10d::Store> rendezvous_store(const std::string& engine, int 
                                                  const std::string& addr, int port,
                                                  std::chrono::milliseconds timeout);
 
+/// This rank's place in its colour's group when `comm` splits (MPI_Comm_split's order: by key,
+/// then by old rank), from an all_gather of every rank's (colour, key) in a tensor on `device`.
+struct SplitPlace {
+  int rank;
+  int size;
+};
+SplitPlace split_place(Communicator& comm, int color, int key, const c10::Device& device);
+
 /// The first line of an exception's message (c10 errors append C++ stack traces).
 std::string first_line(const std::exception& e);
 
