@@ -160,23 +160,21 @@ void Gpt2BpeTokenizer::bpe(std::string_view piece, std::vector<int64_t>& out) co
   while (sym.size() > 1) {
     // The lowest-ranked adjacent pair; all its occurrences merge, left to right (encoder.py).
     uint64_t best = std::numeric_limits<uint64_t>::max();
+    int64_t left = -1, right = -1;
     for (size_t i = 0; i + 1 < sym.size(); ++i) {
       auto it = merges_.find(key(sym[i], sym[i + 1]));
-      if (it != merges_.end() && it->second < best) best = it->second;
+      if (it != merges_.end() && it->second < best) best = it->second, left = sym[i], right = sym[i + 1];
     }
-    if (best == std::numeric_limits<uint64_t>::max()) break;
+    if (left < 0) break;
     const auto merged = static_cast<int64_t>(best & 0xFFFFFFFFu);
     size_t w = 0;
     for (size_t i = 0; i < sym.size(); ++w) {
-      if (i + 1 < sym.size()) {
-        auto it = merges_.find(key(sym[i], sym[i + 1]));
-        if (it != merges_.end() && it->second == best) {
-          sym[w] = merged;
-          i += 2;
-          continue;
-        }
+      if (i + 1 < sym.size() && sym[i] == left && sym[i + 1] == right) {
+        sym[w] = merged;
+        i += 2;
+      } else {
+        sym[w] = sym[i++];
       }
-      sym[w] = sym[i++];
     }
     sym.resize(w);
   }
