@@ -24,10 +24,10 @@
 #include "models/activation_checkpoint.h"
 #include "models/safetensors.h"
 #include "parallel/backend.h"
+#include "trainer/autocast.h"
 #include "trainer/checkpoint.h"
 #include "trainer/experiment.h"
 #include "trainer/lr_schedule.h"
-#include "trainer/autocast.h"
 #include "trainer/metrics.h"
 
 namespace polytrain {
@@ -169,12 +169,7 @@ TrainResult Trainer::train(std::shared_ptr<torch::nn::Module> model, const Batch
                  " samples, fewer than train_batch_size ", global_batch);
   const int64_t total_steps = opts.max_steps > 0 ? opts.max_steps : opts.epochs * per_epoch;
 
-  if (ctx.is_main()) {
-    experiment_dir_ = create_experiment_dir(opts, config_to_json(cfg_));
-  }
-  save_dir_ = opts.save_dir.empty() ? (fs::path(experiment_dir_) / "checkpoints").string() : opts.save_dir;
-  metrics_ = std::make_unique<MetricsLogger>(cfg_, experiment_dir_, ctx.is_main());
-
+  // Precision and memory options are checked before anything is written.
   PT_INPUT_CHECK(!cfg_.fp16.enabled || ctx.device.is_cuda(),
                  "fp16.enabled needs a CUDA device (trainer.pytorch_device cuda); on CPU use bf16.enabled");
   if (cfg_.fp16.enabled) scaler_.emplace(cfg_.fp16);
@@ -184,6 +179,13 @@ TrainResult Trainer::train(std::shared_ptr<torch::nn::Module> model, const Batch
                        "block) is on, but this model does not implement polytrain::ActivationCheckpointing");
     ac->set_activation_checkpointing(true);
   }
+
+  if (ctx.is_main()) {
+    experiment_dir_ = create_experiment_dir(opts, config_to_json(cfg_));
+  }
+  save_dir_ = opts.save_dir.empty() ? (fs::path(experiment_dir_) / "checkpoints").string() : opts.save_dir;
+  metrics_ = std::make_unique<MetricsLogger>(cfg_, experiment_dir_, ctx.is_main());
+
   backend_->prepare(model, cfg_);
   model->train();
   auto schedule = make_lr_schedule(cfg_.scheduler, cfg_.optimizer.lr);
