@@ -12,6 +12,8 @@ PACKAGES=(
   libtorch-dev libopenblas0-openmp      # libtorch; OpenBLAS replaces the reference BLAS (5x on a BERT step)
   nlohmann-json3-dev libcli11-dev       # config + flags (header-only)
   libpcre2-dev                          # GPT-2 BPE pre-tokenization (Unicode regex)
+  libsentencepiece-dev sentencepiece    # SentencePiece tokenizer (T5/ALBERT): library + spm_train
+  python3-torch                         # the PyTorch reference the HF-weights parity tests compare against
   openmpi-bin libopenmpi-dev            # the openmpi launcher and MPI communicator
   libgloo-dev                           # headers of the Gloo inside libtorch (c10d ProcessGroupGloo)
   openssh-server                        # the two-host launcher test runs a loopback sshd

@@ -199,7 +199,12 @@ void parse_zero(const json* j, const json* allgather_size, ParseContext& ctx, Ze
 void parse_model(const json* j, ParseContext& ctx, ModelConfig& m) {
   ObjectReader r(j, "model", ctx);
   r("model_type", m.model_type);
-  r.one_of("model_type", m.model_type, {"bert", "roberta"});
+  r.one_of("model_type", m.model_type, {"bert", "roberta", "albert", "gpt2", "t5"});
+  if (m.model_type != "bert" && m.model_type != "roberta") {
+    // ALBERT, GPT-2, T5: their own HF config classes (models/<family>_config) read these keys.
+    m.extra = r.rest();
+    return;
+  }
   if (m.model_type == "roberta") m.vocab_size = 50265, m.pad_token_id = 1;  // RobertaConfig's defaults
   visit(r, m);
   m.extra = r.rest();  // HF configs carry many more keys: kept, not errors
@@ -222,6 +227,7 @@ void parse_data(const json* j, ParseContext& ctx, DataConfig& d, const ModelConf
   visit(r, d);
   r.finish();
   r.at_least("max_seq_length", d.max_seq_length, int64_t{8});
+  if (m.model_type != "bert" && m.model_type != "roberta") return;  // checked when the model is built
   // RoBERTa numbers positions from pad_token_id + 1 (HF create_position_ids_from_input_ids).
   const int64_t limit = m.max_position_embeddings - (m.model_type == "roberta" ? m.pad_token_id + 1 : 0);
   if (d.max_seq_length > limit)
@@ -408,7 +414,8 @@ json config_to_json(const Config& in) {
   out["tensorboard"] = write(c.tensorboard);
   out["csv_monitor"] = write(c.csv_monitor);
   json model = c.model.extra.is_object() ? c.model.extra : json::object();
-  model.update(write(c.model));
+  if (c.model.model_type == "bert" || c.model.model_type == "roberta") model.update(write(c.model));
+  model["model_type"] = c.model.model_type;
   out["model"] = model;
   out["data"] = write(c.data);
   out["trainer"] = write(c.trainer);
