@@ -30,9 +30,12 @@ void set_rng_state(const c10::Device& device, const at::Tensor& state) {
   gen.set_state(state);
 }
 
+using MultiFn = std::function<at::Tensor(const std::vector<at::Tensor>&)>;
+
 struct CheckpointBackward : torch::autograd::Node {
-  std::function<at::Tensor(const at::Tensor&)> fn;
-  at::Tensor input;  // detached
+  MultiFn fn;
+  std::vector<at::Tensor> inputs;  // detached (undefined stays undefined)
+  std::vector<bool> needs_grad;    // per input: did it require a gradient in the forward
   c10::Device device = c10::Device(c10::kCPU);
   at::Tensor cpu_rng, device_rng;  // device_rng: only for CUDA
   std::optional<c10::ScalarType> autocast;
@@ -46,42 +49,62 @@ struct CheckpointBackward : torch::autograd::Node {
     const at::Tensor dev_now = device.is_cuda() ? rng_state(device) : at::Tensor();
     set_rng_state(c10::Device(c10::kCPU), cpu_rng);
     if (device.is_cuda()) set_rng_state(device, device_rng);
-    at::Tensor x = input.detach().requires_grad_(true);
+    std::vector<at::Tensor> xs(inputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i)
+      if (inputs[i].defined()) xs[i] = inputs[i].detach().requires_grad_(needs_grad[i]);
     at::Tensor y;
     {
       torch::AutoGradMode grad_on(true);
       std::unique_ptr<AutocastGuard> cast;
       if (autocast) cast = std::make_unique<AutocastGuard>(device.type(), *autocast);
-      y = fn(x);
+      y = fn(xs);
     }
     set_rng_state(c10::Device(c10::kCPU), cpu_now);
     if (device.is_cuda()) set_rng_state(device, dev_now);
+    // The inputs are leaves here: each one's .grad is the sum of its uses inside the block, in
+    // the order the plain graph would add them.
     torch::autograd::backward({y}, {grads[0]});
     fn = nullptr;  // free the closure (and what it captured) now
-    input = at::Tensor();
-    return {x.grad()};
+    inputs.clear();
+    variable_list out(xs.size());
+    for (size_t i = 0; i < xs.size(); ++i)
+      if (xs[i].defined() && needs_grad[i]) out[i] = xs[i].grad();
+    return out;
   }
 };
 
 }  // namespace
 
-at::Tensor checkpointed(std::function<at::Tensor(const at::Tensor&)> fn, const at::Tensor& x) {
-  if (!torch::GradMode::is_enabled()) return fn(x);
+at::Tensor checkpointed(MultiFn fn, const std::vector<at::Tensor>& inputs) {
+  if (!torch::GradMode::is_enabled()) return fn(inputs);
   auto node = std::shared_ptr<CheckpointBackward>(new CheckpointBackward(), torch::autograd::deleteNode);
-  node->device = x.device();
+  // The block runs where its first defined input lives.
+  for (const auto& t : inputs)
+    if (t.defined()) {
+      node->device = t.device();
+      break;
+    }
   node->cpu_rng = rng_state(c10::Device(c10::kCPU));
-  if (x.is_cuda()) node->device_rng = rng_state(x.device());
-  node->autocast = autocast_type(x.device().type());
+  if (node->device.is_cuda()) node->device_rng = rng_state(node->device);
+  node->autocast = autocast_type(node->device.type());
   at::Tensor y;
   {
     torch::NoGradGuard no_grad;
-    y = fn(x);
+    y = fn(inputs);
   }
   node->fn = std::move(fn);
-  node->input = x.detach();
-  node->set_next_edges(torch::autograd::collect_next_edges(x));
+  for (const auto& t : inputs) {
+    node->inputs.push_back(t.defined() ? t.detach() : at::Tensor());
+    node->needs_grad.push_back(t.defined() && t.requires_grad());
+  }
+  node->set_next_edges(torch::autograd::collect_next_edges(inputs));
   torch::autograd::set_history(y, node);
   return y;
+}
+
+at::Tensor checkpointed(std::function<at::Tensor(const at::Tensor&)> fn, const at::Tensor& x) {
+  return checkpointed([fn = std::move(fn)](const std::vector<at::Tensor>& xs) { return fn(xs[0]); },
+                      std::vector<at::Tensor>{x});
 }
 
 }  // namespace polytrain

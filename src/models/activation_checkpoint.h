@@ -6,6 +6,7 @@
 #pragma once
 
 #include <functional>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -14,6 +15,13 @@ namespace polytrain {
 /// fn(x), keeping only x for backward. Without grad mode, or when nothing needs a gradient, it is
 /// just fn(x). Tensors fn reads besides x (masks, ...) are captured by fn and get no gradient.
 at::Tensor checkpointed(std::function<at::Tensor(const at::Tensor&)> fn, const at::Tensor& x);
+
+/// fn(inputs) with several inputs, keeping only the inputs for backward: gradients flow into
+/// every input that requires one (a T5 decoder block reads the hidden states, the position bias
+/// shared by all blocks and the encoder output). Undefined inputs are passed on as undefined.
+/// Each input's gradient is the sum of its uses inside fn, handed on as one tensor.
+at::Tensor checkpointed(std::function<at::Tensor(const std::vector<at::Tensor>&)> fn,
+                        const std::vector<at::Tensor>& inputs);
 
 /// Models with transformer blocks that can be checkpointed implement this; the Trainer switches
 /// it on from trainer.checkpoint_activations or an `activation_checkpointing` config block.
