@@ -3,6 +3,7 @@
 #include "models/bert.h"
 
 #include <cmath>
+#include <filesystem>
 
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/loss.h>
@@ -11,6 +12,7 @@
 #include "common/error.h"
 #include "models/activation_checkpoint.h"
 #include "models/fused_lm_loss.h"
+#include "models/hf_pretrained.h"
 
 namespace polytrain {
 
@@ -252,6 +254,74 @@ ModelOutput BertForMaskedLMImpl::forward(const at::Tensor& input_ids, const at::
                                 F::CrossEntropyFuncOptions().ignore_index(-100));
   }
   return out;
+}
+
+// ---- Hugging Face layout -------------------------------------------------------------------------
+
+nlohmann::json bert_config_to_json(const ModelConfig& cfg) {
+  Config whole;
+  whole.model = cfg;
+  nlohmann::json j = config_to_json(whole)["model"];
+  j["architectures"] = {is_roberta(cfg) ? "RobertaForMaskedLM" : "BertForMaskedLM"};
+  return j;
+}
+
+ModelConfig bert_config_from_json(const nlohmann::json& j, const std::string& origin) {
+  PT_INPUT_CHECK(j.is_object(), origin, ": a model config must be a JSON object");
+  ModelConfig m;
+  try {
+    // The polytrain config's `model` parser, so defaults and checks live in one place; the
+    // smallest batch and sequence length keep the other sections' checks out of the way.
+    const nlohmann::json doc = {{"model", j}, {"train_micro_batch_size_per_gpu", 1}, {"data", {{"max_seq_length", 8}}}};
+    m = config_from_json(doc, origin, 1).model;
+  } catch (const InputError& e) {
+    // Messages name keys as 'model.<key>'; in a config.json they are top-level keys.
+    std::string msg = e.what();
+    for (size_t at = msg.find("'model."); at != std::string::npos; at = msg.find("'model.", at)) msg.erase(at + 1, 6);
+    throw InputError(msg);
+  }
+  PT_INPUT_CHECK(m.model_type == "bert" || m.model_type == "roberta", origin, ": 'model_type' is '", m.model_type,
+                 "', a BERT/RoBERTa checkpoint needs bert or roberta");
+  const auto pos = m.extra.find("position_embedding_type");
+  PT_INPUT_CHECK(pos == m.extra.end() || pos->is_null() || *pos == "absolute", origin,
+                 ": 'position_embedding_type' ", pos == m.extra.end() ? "" : pos->dump(),
+                 " is not supported (only \"absolute\")");
+  const auto decoder = m.extra.find("is_decoder");
+  PT_INPUT_CHECK(decoder == m.extra.end() || *decoder != true, origin,
+                 ": 'is_decoder' true (a causal BERT) is not supported by the masked-LM model");
+  return m;
+}
+
+void BertForMaskedLMImpl::save_pretrained(const std::string& dir) const {
+  ::polytrain::save_pretrained(*this, bert_config_to_json(config_), dir);
+}
+
+BertForMaskedLM BertForMaskedLMImpl::from_pretrained(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const std::string config_path = (fs::path(dir) / "config.json").string();
+  const ModelConfig cfg = bert_config_from_json(read_pretrained_config(dir), config_path);
+  PT_INPUT_CHECK(cfg.tie_word_embeddings, config_path,
+                 ": 'tie_word_embeddings' false is not supported (the decoder is the word embedding matrix)");
+  BertForMaskedLM model(cfg);
+  const std::string path = (fs::path(dir) / "model.safetensors").string();
+  PT_INPUT_CHECK(fs::exists(path), path, ": not found (HF sharded or .bin checkpoints are not read; ",
+                 "convert them to one model.safetensors)");
+  const NamedTensors tensors = load_safetensors(path);
+
+  const std::string base = is_roberta(cfg) ? "roberta" : "bert";
+  const std::string head = is_roberta(cfg) ? "lm_head" : "cls\\.predictions";
+  HfLoadOptions options;
+  options.base_prefix = base;
+  // What HF's BertForMaskedLM / RobertaForMaskedLM let pass: the pooler, BertForPreTraining's
+  // NSP head, position_ids buffers of older versions, the tied decoder copies .bin files carry.
+  options.ignore_unused = {"(^|\\.)pooler\\.", "^cls\\.seq_relationship\\.", "(^|\\.)embeddings\\.position_ids$",
+                           "(^|\\.)embeddings\\.token_type_ids$", "^" + head + "\\.decoder\\.(weight|bias)$"};
+  bool base_checkpoint = true;
+  for (const auto& [name, t] : tensors)
+    if (name.rfind(base + ".", 0) == 0) base_checkpoint = false;
+  if (base_checkpoint) options.optional = {is_roberta(cfg) ? "^lm_head\\." : "^cls\\."};
+  load_named_tensors(*model, tensors, options, path);
+  return model;
 }
 
 }  // namespace polytrain

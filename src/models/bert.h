@@ -10,6 +10,8 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 
+#include <nlohmann/json.hpp>
+
 #include "common/config.h"
 #include "models/activation_checkpoint.h"
 #include "models/model_output.h"
@@ -107,6 +109,16 @@ struct BertLMHeadImpl : torch::nn::Module {
 };
 TORCH_MODULE(BertLMHead);
 
+/// The HF config.json of a BERT/RoBERTa ModelConfig: model_type bert or roberta, architectures
+/// [BertForMaskedLM] or [RobertaForMaskedLM], every ModelConfig field and the kept extra keys.
+nlohmann::json bert_config_to_json(const ModelConfig& cfg);
+
+/// Reads an HF BERT/RoBERTa config.json object with the polytrain config's own `model` parser
+/// (same defaults and checks); InputError messages name `origin` (the file) and the key.
+ModelConfig bert_config_from_json(const nlohmann::json& j, const std::string& origin);
+
+class BertForMaskedLM;  // TORCH_MODULE holder, defined below
+
 /// BERT (or RoBERTa, by model_type) with the masked-LM head. Parameter names are HF's:
 /// bert.* + cls.predictions.* for BERT, roberta.* + lm_head.* for RoBERTa.
 struct BertForMaskedLMImpl : torch::nn::Module, ActivationCheckpointing {
@@ -121,6 +133,16 @@ struct BertForMaskedLMImpl : torch::nn::Module, ActivationCheckpointing {
                       const at::Tensor& token_type_ids, const at::Tensor& labels = {});
   /// Re-draws every weight from N(0, initializer_range) as HF's _init_weights does.
   void init_weights(double initializer_range);
+
+  /// HF layout: dir/config.json + dir/model.safetensors (the tied decoder is not written, as
+  /// HF's safetensors save drops tied copies).
+  void save_pretrained(const std::string& dir) const;
+  /// Loads what save_pretrained or transformers wrote (BertForMaskedLM / RobertaForMaskedLM, also
+  /// BertForPreTraining, whose NSP head and pooler are ignored, and a bare BertModel/RobertaModel
+  /// whose names lack the "bert."/"roberta." prefix: the head then keeps its fresh
+  /// initialisation, as in HF). InputError naming the file for a bad config value or a
+  /// missing, unexpected or misshapen tensor.
+  static BertForMaskedLM from_pretrained(const std::string& dir);
 
   ModelConfig config_;
   bool score_masked_only_ = false;

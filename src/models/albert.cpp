@@ -1,0 +1,403 @@
+// ALBERT: AlbertConfig <-> HF config.json, the math of HF's modeling_albert.py (eval and train),
+// and the name rules for loading HF checkpoints. Registration names equal HF's state_dict keys.
+#include "models/albert.h"
+
+#include <cmath>
+#include <filesystem>
+
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/functional/linear.h>
+#include <torch/torch.h>
+
+#include "common/error.h"
+#include "models/fused_lm_loss.h"
+#include "models/hf_config.h"
+#include "models/hf_pretrained.h"
+
+namespace polytrain {
+
+namespace F = torch::nn::functional;
+using nlohmann::json;
+
+namespace {
+
+const char* const kActivations = "gelu, gelu_new, gelu_pytorch_tanh, gelu_fast, relu, silu, swish, tanh";
+
+bool supported_activation(const std::string& a) {
+  return a == "gelu" || a == "gelu_new" || a == "gelu_pytorch_tanh" || a == "gelu_fast" || a == "relu" ||
+         a == "silu" || a == "swish" || a == "tanh";
+}
+
+// transformers' ACT2FN; gelu_new and gelu_fast are the tanh approximation (same function,
+// equal to rounding).
+at::Tensor activation(const std::string& a, const at::Tensor& x) {
+  if (a == "gelu") return torch::gelu(x);
+  if (a == "gelu_new" || a == "gelu_pytorch_tanh" || a == "gelu_fast") return torch::gelu(x, "tanh");
+  if (a == "relu") return torch::relu(x);
+  if (a == "silu" || a == "swish") return torch::silu(x);
+  if (a == "tanh") return torch::tanh(x);
+  throw InputError("model.hidden_act: unsupported activation '" + a + "' (supported: " + kActivations + ")");
+}
+
+torch::nn::LayerNorm layer_norm(int64_t size, double eps) {
+  return torch::nn::LayerNorm(torch::nn::LayerNormOptions({size}).eps(eps));
+}
+
+// LayerNorm in its weights' type (fp32 under autocast), as models/bert.cpp does.
+at::Tensor norm(torch::nn::LayerNorm& ln, const at::Tensor& x) {
+  const auto t = ln->weight.scalar_type();
+  return ln(x.scalar_type() == t ? x : x.to(t));
+}
+
+bool names_architecture(const json& j, const std::string& arch) {
+  auto it = j.find("architectures");
+  if (it == j.end() || !it->is_array()) return false;
+  for (const auto& a : *it)
+    if (a.is_string() && a.get<std::string>() == arch) return true;
+  return false;
+}
+
+}  // namespace
+
+// ---- config --------------------------------------------------------------------------------------
+
+AlbertConfig albert_config_from_json(const json& j, const std::string& origin) {
+  HfConfigReader r(j, origin);
+  AlbertConfig c;
+  const std::string type = r.get<std::string>("model_type", "albert");
+  if (type != "albert") r.fail("model_type", "is '" + type + "', this reader builds 'albert'");
+  c.vocab_size = r.positive("vocab_size", c.vocab_size);
+  c.embedding_size = r.positive("embedding_size", c.embedding_size);
+  c.hidden_size = r.positive("hidden_size", c.hidden_size, {"d_model"});
+  c.num_hidden_layers = r.positive("num_hidden_layers", c.num_hidden_layers);
+  c.num_hidden_groups = r.positive("num_hidden_groups", c.num_hidden_groups);
+  c.num_attention_heads = r.positive("num_attention_heads", c.num_attention_heads);
+  c.intermediate_size = r.positive("intermediate_size", c.intermediate_size);
+  c.inner_group_num = r.positive("inner_group_num", c.inner_group_num);
+  c.hidden_act = r.get<std::string>("hidden_act", c.hidden_act);
+  c.hidden_dropout_prob = r.probability("hidden_dropout_prob", c.hidden_dropout_prob);
+  c.attention_probs_dropout_prob = r.probability("attention_probs_dropout_prob", c.attention_probs_dropout_prob);
+  c.max_position_embeddings = r.positive("max_position_embeddings", c.max_position_embeddings);
+  c.type_vocab_size = r.positive("type_vocab_size", c.type_vocab_size);
+  c.initializer_range = r.get<double>("initializer_range", c.initializer_range);
+  c.layer_norm_eps = r.get<double>("layer_norm_eps", c.layer_norm_eps);
+  c.classifier_dropout_prob = r.probability("classifier_dropout_prob", c.classifier_dropout_prob);
+  c.pad_token_id = r.get<int64_t>("pad_token_id", c.pad_token_id);
+  c.bos_token_id = r.get<int64_t>("bos_token_id", c.bos_token_id);
+  c.eos_token_id = r.get<int64_t>("eos_token_id", c.eos_token_id);
+  c.tie_word_embeddings = r.get<bool>("tie_word_embeddings", c.tie_word_embeddings);
+  c.sentence_order_prediction =
+      r.get<bool>("sentence_order_prediction", names_architecture(j, "AlbertForPreTraining"));
+  c.sparse_prediction = r.get<bool>("sparse_prediction", c.sparse_prediction);
+  c.fused_lm_loss = r.get<bool>("fused_lm_loss", c.fused_lm_loss);
+
+  if (c.hidden_size % c.num_attention_heads != 0)
+    r.fail("hidden_size", "(" + std::to_string(c.hidden_size) + ") must be divisible by num_attention_heads (" +
+                              std::to_string(c.num_attention_heads) + ")");
+  // HF tolerates an uneven split (int(i / (L / G)) over floats); every group would still be used
+  // but some more often than others, which is almost surely a typo: refused.
+  if (c.num_hidden_layers % c.num_hidden_groups != 0)
+    r.fail("num_hidden_groups", "(" + std::to_string(c.num_hidden_groups) + ") must divide num_hidden_layers (" +
+                                    std::to_string(c.num_hidden_layers) + ")");
+  if (!supported_activation(c.hidden_act))
+    r.fail("hidden_act", "'" + c.hidden_act + "' is not supported (supported: " + kActivations + ")");
+  if (!(c.layer_norm_eps > 0.0)) r.fail("layer_norm_eps", "must be > 0, got " + std::to_string(c.layer_norm_eps));
+  if (!(c.initializer_range >= 0.0))
+    r.fail("initializer_range", "must be >= 0, got " + std::to_string(c.initializer_range));
+  if (c.pad_token_id < 0 || c.pad_token_id >= c.vocab_size)
+    r.fail("pad_token_id", "must be in [0, vocab_size = " + std::to_string(c.vocab_size) + "), got " +
+                               std::to_string(c.pad_token_id));
+  const std::string pos = r.get<std::string>("position_embedding_type", "absolute");
+  if (pos != "absolute") r.fail("position_embedding_type", "'" + pos + "' is not supported (only 'absolute')");
+
+  c.extra = j;
+  for (const char* key : {"model_type", "vocab_size", "embedding_size", "hidden_size", "d_model", "num_hidden_layers",
+                          "num_hidden_groups", "num_attention_heads", "intermediate_size", "inner_group_num",
+                          "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob",
+                          "max_position_embeddings", "type_vocab_size", "initializer_range", "layer_norm_eps",
+                          "classifier_dropout_prob", "pad_token_id", "bos_token_id", "eos_token_id",
+                          "tie_word_embeddings", "sentence_order_prediction", "sparse_prediction", "fused_lm_loss"})
+    c.extra.erase(key);
+  return c;
+}
+
+json albert_config_to_json(const AlbertConfig& c) {
+  json j = c.extra.is_object() ? c.extra : json::object();
+  j["architectures"] = {c.sentence_order_prediction ? "AlbertForPreTraining" : "AlbertForMaskedLM"};
+  j["model_type"] = "albert";
+  j["vocab_size"] = c.vocab_size;
+  j["embedding_size"] = c.embedding_size;
+  j["hidden_size"] = c.hidden_size;
+  j["num_hidden_layers"] = c.num_hidden_layers;
+  j["num_hidden_groups"] = c.num_hidden_groups;
+  j["num_attention_heads"] = c.num_attention_heads;
+  j["intermediate_size"] = c.intermediate_size;
+  j["inner_group_num"] = c.inner_group_num;
+  j["hidden_act"] = c.hidden_act;
+  j["hidden_dropout_prob"] = c.hidden_dropout_prob;
+  j["attention_probs_dropout_prob"] = c.attention_probs_dropout_prob;
+  j["max_position_embeddings"] = c.max_position_embeddings;
+  j["type_vocab_size"] = c.type_vocab_size;
+  j["initializer_range"] = c.initializer_range;
+  j["layer_norm_eps"] = c.layer_norm_eps;
+  j["classifier_dropout_prob"] = c.classifier_dropout_prob;
+  j["position_embedding_type"] = "absolute";
+  j["pad_token_id"] = c.pad_token_id;
+  j["bos_token_id"] = c.bos_token_id;
+  j["eos_token_id"] = c.eos_token_id;
+  j["tie_word_embeddings"] = c.tie_word_embeddings;
+  j["sentence_order_prediction"] = c.sentence_order_prediction;
+  j["sparse_prediction"] = c.sparse_prediction;
+  j["fused_lm_loss"] = c.fused_lm_loss;
+  return j;
+}
+
+// ---- modules -------------------------------------------------------------------------------------
+
+AlbertEmbeddingsImpl::AlbertEmbeddingsImpl(const AlbertConfig& cfg) {
+  word_embeddings = register_module(
+      "word_embeddings",
+      torch::nn::Embedding(torch::nn::EmbeddingOptions(cfg.vocab_size, cfg.embedding_size).padding_idx(cfg.pad_token_id)));
+  position_embeddings =
+      register_module("position_embeddings", torch::nn::Embedding(cfg.max_position_embeddings, cfg.embedding_size));
+  token_type_embeddings =
+      register_module("token_type_embeddings", torch::nn::Embedding(cfg.type_vocab_size, cfg.embedding_size));
+  LayerNorm = register_module("LayerNorm", layer_norm(cfg.embedding_size, cfg.layer_norm_eps));
+  dropout = register_module("dropout", torch::nn::Dropout(cfg.hidden_dropout_prob));
+}
+
+at::Tensor AlbertEmbeddingsImpl::forward(const at::Tensor& input_ids, const at::Tensor& token_type_ids) {
+  const int64_t len = input_ids.size(1), max_len = position_embeddings->weight.size(0);
+  PT_INPUT_CHECK(len <= max_len, "sequence length ", len, " exceeds model.max_position_embeddings ", max_len);
+  auto positions = torch::arange(len, input_ids.options().dtype(torch::kLong)).unsqueeze(0);
+  auto x = word_embeddings(input_ids) + token_type_embeddings(token_type_ids) + position_embeddings(positions);
+  return dropout(norm(LayerNorm, x));
+}
+
+AlbertAttentionImpl::AlbertAttentionImpl(const AlbertConfig& cfg)
+    : heads_(cfg.num_attention_heads), head_dim_(cfg.hidden_size / cfg.num_attention_heads) {
+  query = register_module("query", torch::nn::Linear(cfg.hidden_size, cfg.hidden_size));
+  key = register_module("key", torch::nn::Linear(cfg.hidden_size, cfg.hidden_size));
+  value = register_module("value", torch::nn::Linear(cfg.hidden_size, cfg.hidden_size));
+  attention_dropout = register_module("attention_dropout", torch::nn::Dropout(cfg.attention_probs_dropout_prob));
+  output_dropout = register_module("output_dropout", torch::nn::Dropout(cfg.hidden_dropout_prob));
+  dense = register_module("dense", torch::nn::Linear(cfg.hidden_size, cfg.hidden_size));
+  LayerNorm = register_module("LayerNorm", layer_norm(cfg.hidden_size, cfg.layer_norm_eps));
+}
+
+at::Tensor AlbertAttentionImpl::forward(const at::Tensor& x, const at::Tensor& additive_mask) {
+  const int64_t b = x.size(0), l = x.size(1);
+  auto split = [&](const at::Tensor& t) { return t.view({b, l, heads_, head_dim_}).transpose(1, 2); };
+  auto q = split(query(x)), k = split(key(x)), v = split(value(x));
+  auto scores = torch::matmul(q, k.transpose(-1, -2)) / std::sqrt(static_cast<double>(head_dim_));
+  if (additive_mask.defined()) scores = scores + additive_mask;
+  auto probs = attention_dropout(torch::softmax(scores, -1));
+  auto ctx = torch::matmul(probs, v).transpose(1, 2).reshape({b, l, heads_ * head_dim_});
+  return norm(LayerNorm, x + output_dropout(dense(ctx)));
+}
+
+AlbertLayerImpl::AlbertLayerImpl(const AlbertConfig& cfg) : act_(cfg.hidden_act) {
+  full_layer_layer_norm = register_module("full_layer_layer_norm", layer_norm(cfg.hidden_size, cfg.layer_norm_eps));
+  attention = register_module("attention", AlbertAttention(cfg));
+  ffn = register_module("ffn", torch::nn::Linear(cfg.hidden_size, cfg.intermediate_size));
+  ffn_output = register_module("ffn_output", torch::nn::Linear(cfg.intermediate_size, cfg.hidden_size));
+  activation(act_, torch::zeros({1}));  // an unsupported activation fails at build time
+}
+
+at::Tensor AlbertLayerImpl::forward(const at::Tensor& x, const at::Tensor& additive_mask) {
+  auto a = attention(x, additive_mask);
+  // HF applies no dropout to the feed-forward output (AlbertLayer.dropout is never called).
+  return norm(full_layer_layer_norm, ffn_output(activation(act_, ffn(a))) + a);
+}
+
+AlbertLayerGroupImpl::AlbertLayerGroupImpl(const AlbertConfig& cfg) {
+  albert_layers = register_module("albert_layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < cfg.inner_group_num; ++i) albert_layers->push_back(AlbertLayer(cfg));
+}
+
+AlbertTransformerImpl::AlbertTransformerImpl(const AlbertConfig& cfg)
+    : num_hidden_layers_(cfg.num_hidden_layers), num_hidden_groups_(cfg.num_hidden_groups) {
+  PT_INPUT_CHECK(cfg.num_hidden_groups > 0 && cfg.num_hidden_layers % cfg.num_hidden_groups == 0,
+                 "model.num_hidden_groups (", cfg.num_hidden_groups, ") must divide model.num_hidden_layers (",
+                 cfg.num_hidden_layers, ")");
+  embedding_hidden_mapping_in =
+      register_module("embedding_hidden_mapping_in", torch::nn::Linear(cfg.embedding_size, cfg.hidden_size));
+  albert_layer_groups = register_module("albert_layer_groups", torch::nn::ModuleList());
+  for (int64_t g = 0; g < cfg.num_hidden_groups; ++g) albert_layer_groups->push_back(AlbertLayerGroup(cfg));
+}
+
+at::Tensor AlbertTransformerImpl::forward(const at::Tensor& embeddings, const at::Tensor& additive_mask) {
+  at::Tensor x = embedding_hidden_mapping_in(embeddings);
+  const int64_t layers_per_group = num_hidden_layers_ / num_hidden_groups_;
+  for (int64_t i = 0; i < num_hidden_layers_; ++i) {
+    auto* group = albert_layer_groups->ptr(i / layers_per_group)->as<AlbertLayerGroupImpl>();
+    for (const auto& m : *group->albert_layers) {
+      auto* layer = m->as<AlbertLayerImpl>();
+      // A shared layer is checkpointed per application: each use keeps only its own input.
+      if (checkpoint_layers && is_training())
+        x = checkpointed([layer, additive_mask](const at::Tensor& h) { return layer->forward(h, additive_mask); }, x);
+      else
+        x = layer->forward(x, additive_mask);
+    }
+  }
+  return x;
+}
+
+AlbertModelImpl::AlbertModelImpl(const AlbertConfig& cfg, bool add_pooling_layer) {
+  embeddings = register_module("embeddings", AlbertEmbeddings(cfg));
+  encoder = register_module("encoder", AlbertTransformer(cfg));
+  if (add_pooling_layer) pooler = register_module("pooler", torch::nn::Linear(cfg.hidden_size, cfg.hidden_size));
+}
+
+at::Tensor AlbertModelImpl::forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                                    const at::Tensor& token_type_ids) {
+  PT_INPUT_CHECK(input_ids.defined() && input_ids.dim() == 2, "input_ids must be [batch, length], got ",
+                 input_ids.defined() ? input_ids.sizes() : at::IntArrayRef{});
+  auto types = token_type_ids.defined() ? token_type_ids : torch::zeros_like(input_ids);
+  at::Tensor additive;
+  if (attention_mask.defined()) {
+    // [B, L] 1/0 -> [B, 1, 1, L] 0/-10000 (HF's extended attention mask).
+    auto m = attention_mask.to(torch::kFloat).unsqueeze(1).unsqueeze(2);
+    additive = (1.0 - m) * -10000.0;
+  }
+  return encoder(embeddings(input_ids, types), additive);
+}
+
+at::Tensor AlbertModelImpl::pool(const at::Tensor& hidden) {
+  return torch::tanh(pooler(hidden.select(1, 0)));
+}
+
+AlbertMLMHeadImpl::AlbertMLMHeadImpl(const AlbertConfig& cfg, const at::Tensor& word_embeddings)
+    : act_(cfg.hidden_act) {
+  LayerNorm = register_module("LayerNorm", layer_norm(cfg.embedding_size, cfg.layer_norm_eps));
+  bias = register_parameter("bias", torch::zeros({cfg.vocab_size}));
+  dense = register_module("dense", torch::nn::Linear(cfg.hidden_size, cfg.embedding_size));
+  if (cfg.tie_word_embeddings) {
+    decoder_weight_ = word_embeddings;
+  } else {
+    // Untied: HF's predictions.decoder.weight is its own tensor (decoder.bias stays predictions.bias).
+    auto decoder = std::make_shared<torch::nn::Module>("decoder");
+    decoder_weight_ = decoder->register_parameter("weight", torch::empty({cfg.vocab_size, cfg.embedding_size}));
+    register_module("decoder", decoder);
+  }
+}
+
+at::Tensor AlbertMLMHeadImpl::transform(const at::Tensor& hidden) {
+  return norm(LayerNorm, activation(act_, dense(hidden)));
+}
+
+at::Tensor AlbertMLMHeadImpl::forward(const at::Tensor& hidden) {
+  return F::linear(transform(hidden), decoder_weight_, bias);
+}
+
+// ---- the model -----------------------------------------------------------------------------------
+
+AlbertForMaskedLMImpl::AlbertForMaskedLMImpl(const AlbertConfig& cfg) : config_(cfg) {
+  PT_INPUT_CHECK(supported_activation(cfg.hidden_act), "model.hidden_act: unsupported activation '",
+                 cfg.hidden_act, "' (supported: ", kActivations, ")");
+  PT_INPUT_CHECK(cfg.hidden_size % cfg.num_attention_heads == 0, "model.hidden_size (", cfg.hidden_size,
+                 ") must be divisible by model.num_attention_heads (", cfg.num_attention_heads, ")");
+  albert = register_module("albert", AlbertModel(cfg, cfg.sentence_order_prediction));
+  predictions = register_module("predictions", AlbertMLMHead(cfg, albert->embeddings->word_embeddings->weight));
+  if (cfg.sentence_order_prediction) {
+    sop_dropout = torch::nn::Dropout(cfg.classifier_dropout_prob);
+    auto sop = std::make_shared<torch::nn::Module>("AlbertSOPHead");
+    sop->register_module("dropout", sop_dropout);
+    sop_classifier = sop->register_module("classifier", torch::nn::Linear(cfg.hidden_size, 2));
+    register_module("sop_classifier", sop);
+  }
+  init_weights(cfg.initializer_range);
+}
+
+void AlbertForMaskedLMImpl::set_activation_checkpointing(bool on) { albert->encoder->checkpoint_layers = on; }
+
+void AlbertForMaskedLMImpl::init_weights(double std) {
+  torch::NoGradGuard no_grad;
+  for (auto& m : modules(/*include_self=*/false)) {
+    if (auto* lin = m->as<torch::nn::Linear>()) {
+      lin->weight.normal_(0.0, std);
+      if (lin->bias.defined()) lin->bias.zero_();
+    } else if (auto* emb = m->as<torch::nn::Embedding>()) {
+      emb->weight.normal_(0.0, std);
+      if (emb->options.padding_idx()) emb->weight[*emb->options.padding_idx()].zero_();
+    } else if (auto* ln = m->as<torch::nn::LayerNorm>()) {
+      ln->weight.fill_(1.0);
+      ln->bias.zero_();
+    }
+  }
+  if (!config_.tie_word_embeddings) predictions->decoder_weight_.normal_(0.0, std);
+  predictions->bias.zero_();
+}
+
+AlbertOutput AlbertForMaskedLMImpl::forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                                            const at::Tensor& token_type_ids, const at::Tensor& labels,
+                                            const at::Tensor& sentence_order_label) {
+  PT_INPUT_CHECK(!sentence_order_label.defined() || config_.sentence_order_prediction,
+                 "sentence_order_label given, but the model has no SOP head (model.sentence_order_prediction)");
+  AlbertOutput out;
+  out.hidden_states = albert(input_ids, attention_mask, token_type_ids);
+  if (config_.sentence_order_prediction)
+    out.sop_logits = sop_classifier(sop_dropout(albert->pool(out.hidden_states)));
+
+  if (labels.defined()) {
+    // Same three ways as BertForMaskedLM: fused (no logits), masked rows only, or full logits.
+    auto h = out.hidden_states, y = labels;
+    if (config_.sparse_prediction) {
+      auto flat = labels.reshape({-1});
+      auto idx = flat.ne(-100).nonzero().squeeze(1);
+      h = h.reshape({-1, h.size(-1)}).index_select(0, idx);
+      y = flat.index_select(0, idx);
+    }
+    if (config_.fused_lm_loss) {
+      out.loss = fused_linear_cross_entropy(predictions->transform(h), predictions->decoder_weight_,
+                                            predictions->bias, y);
+    } else {
+      out.logits = predictions(h);
+      out.loss = F::cross_entropy(out.logits.reshape({-1, out.logits.size(-1)}), y.reshape({-1}),
+                                  F::CrossEntropyFuncOptions().ignore_index(-100));
+    }
+  } else {
+    out.logits = predictions(out.hidden_states);
+  }
+  if (sentence_order_label.defined()) {
+    auto sop_loss = F::cross_entropy(out.sop_logits, sentence_order_label.reshape({-1}));
+    out.loss = out.loss.defined() ? out.loss + sop_loss : sop_loss;
+  }
+  return out;
+}
+
+void AlbertForMaskedLMImpl::save_pretrained(const std::string& dir) const {
+  ::polytrain::save_pretrained(*this, albert_config_to_json(config_), dir);
+}
+
+AlbertForMaskedLM AlbertForMaskedLMImpl::from_pretrained(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const AlbertConfig cfg =
+      albert_config_from_json(read_pretrained_config(dir), (fs::path(dir) / "config.json").string());
+  AlbertForMaskedLM model(cfg);
+  const std::string path = (fs::path(dir) / "model.safetensors").string();
+  PT_INPUT_CHECK(fs::exists(path), path, ": not found (HF sharded or .bin checkpoints are not read; ",
+                 "convert them to one model.safetensors)");
+  const NamedTensors tensors = load_safetensors(path);
+
+  HfLoadOptions options;
+  options.base_prefix = "albert";
+  // HF's ignore lists: position_ids buffers of older versions, the tied decoder copies
+  // (pytorch_model.bin files carry them), the pooler when the model has none.
+  options.ignore_unused = {"(^|\\.)embeddings\\.position_ids$", "(^|\\.)embeddings\\.token_type_ids$",
+                           "^predictions\\.decoder\\.bias$"};
+  if (cfg.tie_word_embeddings) options.ignore_unused.push_back("^predictions\\.decoder\\.weight$");
+  if (!cfg.sentence_order_prediction) options.ignore_unused.push_back("(^|\\.)pooler\\.");
+  bool base_checkpoint = true;
+  for (const auto& [name, t] : tensors)
+    if (name.rfind("albert.", 0) == 0) base_checkpoint = false;
+  if (base_checkpoint) {
+    // A bare AlbertModel: the heads are not in it and keep their fresh initialisation (HF does so).
+    options.optional = {"^predictions\\.", "^sop_classifier\\."};
+    if (cfg.sentence_order_prediction) options.optional.push_back("^albert\\.pooler\\.");
+  }
+  load_named_tensors(*model, tensors, options, path);
+  return model;
+}
+
+}  // namespace polytrain

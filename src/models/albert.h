@@ -1,0 +1,185 @@
+// ALBERT masked-LM (and optionally its sentence-order-prediction head) in libtorch, after HF's
+// modeling_albert.py: factorised embeddings, layers shared across groups. Parameter names are HF's
+// state_dict keys, so save_pretrained / from_pretrained map 1:1 (models/hf_pretrained.h). The
+// polytrain config's `model` section reaches here as raw JSON (ModelConfig::extra).
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/dropout.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+
+#include "models/activation_checkpoint.h"
+#include "models/model_output.h"
+
+namespace polytrain {
+
+/// HF AlbertConfig: field names and defaults as transformers' configuration_albert.py.
+struct AlbertConfig {
+  int64_t vocab_size = 30000;
+  int64_t embedding_size = 128;
+  int64_t hidden_size = 4096;
+  int64_t num_hidden_layers = 12;
+  int64_t num_hidden_groups = 1;  ///< distinct parameter sets the layers cycle through, in blocks
+  int64_t num_attention_heads = 64;
+  int64_t intermediate_size = 16384;
+  int64_t inner_group_num = 1;    ///< layers inside one group, applied in turn
+  std::string hidden_act = "gelu_new";
+  double hidden_dropout_prob = 0.0;
+  double attention_probs_dropout_prob = 0.0;
+  int64_t max_position_embeddings = 512;
+  int64_t type_vocab_size = 2;
+  double initializer_range = 0.02;
+  double layer_norm_eps = 1e-12;
+  double classifier_dropout_prob = 0.1;  ///< SOP head's dropout
+  int64_t pad_token_id = 0;
+  int64_t bos_token_id = 2;
+  int64_t eos_token_id = 3;
+  bool tie_word_embeddings = true;  ///< decoder weight = word embeddings (HF PretrainedConfig)
+  /// polytrain: build AlbertForPreTraining's heads too (albert.pooler + sop_classifier). Default:
+  /// true when `architectures` names AlbertForPreTraining.
+  bool sentence_order_prediction = false;
+  /// polytrain: as ModelConfig::sparse_prediction (score only labelled positions).
+  bool sparse_prediction = false;
+  /// polytrain: as ModelConfig::fused_lm_loss (loss without the [tokens, vocab] logits).
+  bool fused_lm_loss = true;
+  /// Other keys of the source (architectures, torch_dtype, ...), kept verbatim for export.
+  nlohmann::json extra = nlohmann::json::object();
+};
+
+/// Reads an HF config.json object (or a polytrain `model` section: model_type may be absent).
+/// InputError naming `origin` and the key for a wrong type or value, e.g. hidden_size not
+/// divisible by num_attention_heads or num_hidden_groups not dividing num_hidden_layers.
+AlbertConfig albert_config_from_json(const nlohmann::json& j, const std::string& origin);
+
+/// The config.json HF writes: model_type "albert", architectures [AlbertForMaskedLM] or
+/// [AlbertForPreTraining], every AlbertConfig field, and the kept extra keys.
+nlohmann::json albert_config_to_json(const AlbertConfig& cfg);
+
+/// What AlbertForMaskedLM::forward returns: ModelOutput plus the SOP head's logits.
+struct AlbertOutput : ModelOutput {
+  at::Tensor sop_logits;  ///< [B, 2]; undefined without the SOP head
+};
+
+struct AlbertEmbeddingsImpl : torch::nn::Module {
+  explicit AlbertEmbeddingsImpl(const AlbertConfig& cfg);
+  /// [B, L] ids -> [B, L, embedding_size]
+  at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& token_type_ids);
+  torch::nn::Embedding word_embeddings{nullptr}, position_embeddings{nullptr}, token_type_embeddings{nullptr};
+  torch::nn::LayerNorm LayerNorm{nullptr};
+  torch::nn::Dropout dropout{nullptr};
+};
+TORCH_MODULE(AlbertEmbeddings);
+
+/// Self-attention with its output projection, residual and LayerNorm in one module (HF's layout).
+struct AlbertAttentionImpl : torch::nn::Module {
+  explicit AlbertAttentionImpl(const AlbertConfig& cfg);
+  /// additive_mask: [B, 1, 1, L], 0 where attended, a large negative at padding (or undefined).
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& additive_mask);
+  torch::nn::Linear query{nullptr}, key{nullptr}, value{nullptr}, dense{nullptr};
+  torch::nn::LayerNorm LayerNorm{nullptr};
+  torch::nn::Dropout attention_dropout{nullptr}, output_dropout{nullptr};
+  int64_t heads_, head_dim_;
+};
+TORCH_MODULE(AlbertAttention);
+
+/// Attention, then ffn -> activation -> ffn_output, residual and full_layer_layer_norm.
+struct AlbertLayerImpl : torch::nn::Module {
+  explicit AlbertLayerImpl(const AlbertConfig& cfg);
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& additive_mask);
+  torch::nn::LayerNorm full_layer_layer_norm{nullptr};
+  AlbertAttention attention{nullptr};
+  torch::nn::Linear ffn{nullptr}, ffn_output{nullptr};
+  std::string act_;
+};
+TORCH_MODULE(AlbertLayer);
+
+/// One parameter set: inner_group_num layers (albert_layers.N).
+struct AlbertLayerGroupImpl : torch::nn::Module {
+  explicit AlbertLayerGroupImpl(const AlbertConfig& cfg);
+  torch::nn::ModuleList albert_layers{nullptr};
+};
+TORCH_MODULE(AlbertLayerGroup);
+
+/// embedding_hidden_mapping_in, then num_hidden_layers applications of the groups: application i
+/// uses group i / (num_hidden_layers / num_hidden_groups) (HF's AlbertTransformer).
+struct AlbertTransformerImpl : torch::nn::Module {
+  explicit AlbertTransformerImpl(const AlbertConfig& cfg);
+  at::Tensor forward(const at::Tensor& embeddings, const at::Tensor& additive_mask);
+  torch::nn::Linear embedding_hidden_mapping_in{nullptr};
+  torch::nn::ModuleList albert_layer_groups{nullptr};
+  int64_t num_hidden_layers_, num_hidden_groups_;
+  bool checkpoint_layers = false;  ///< recompute each layer application in backward
+};
+TORCH_MODULE(AlbertTransformer);
+
+/// HF AlbertModel: embeddings + encoder, and the pooler when the SOP head is built.
+struct AlbertModelImpl : torch::nn::Module {
+  AlbertModelImpl(const AlbertConfig& cfg, bool add_pooling_layer);
+  /// -> last hidden states [B, L, hidden_size]
+  at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                     const at::Tensor& token_type_ids);
+  /// tanh(pooler(hidden[:, 0])); needs the pooler.
+  at::Tensor pool(const at::Tensor& hidden);
+  AlbertEmbeddings embeddings{nullptr};
+  AlbertTransformer encoder{nullptr};
+  torch::nn::Linear pooler{nullptr};
+};
+TORCH_MODULE(AlbertModel);
+
+/// HF AlbertMLMHead: dense (hidden -> embedding) + activation + LayerNorm, then the decoder onto
+/// the vocabulary, its weight tied to the word embeddings (or its own `decoder.weight` when
+/// tie_word_embeddings is false) and its bias `predictions.bias`.
+struct AlbertMLMHeadImpl : torch::nn::Module {
+  AlbertMLMHeadImpl(const AlbertConfig& cfg, const at::Tensor& word_embeddings);
+  at::Tensor forward(const at::Tensor& hidden);
+  at::Tensor transform(const at::Tensor& hidden);
+  torch::nn::LayerNorm LayerNorm{nullptr};
+  torch::nn::Linear dense{nullptr};
+  at::Tensor bias;
+  at::Tensor decoder_weight_;  ///< [vocab, embedding]: the word embeddings when tied (registered once)
+  std::string act_;
+};
+TORCH_MODULE(AlbertMLMHead);
+
+class AlbertForMaskedLM;  // TORCH_MODULE holder, defined below
+
+/// ALBERT with the masked-LM head (HF AlbertForMaskedLM) and, when
+/// AlbertConfig::sentence_order_prediction is set, the pooler and SOP head (HF AlbertForPreTraining).
+struct AlbertForMaskedLMImpl : torch::nn::Module, ActivationCheckpointing {
+  explicit AlbertForMaskedLMImpl(const AlbertConfig& cfg);
+  /// Checkpoints every layer application (a shared layer is recomputed once per use).
+  void set_activation_checkpointing(bool on) override;
+  /// labels [B, L]: -100 where no prediction is wanted; sentence_order_label [B]: 0 in order,
+  /// 1 swapped (needs the SOP head). loss = MLM cross-entropy (+ SOP cross-entropy when given).
+  /// With labels and fused_lm_loss the logits are not formed (left undefined); with
+  /// sparse_prediction they are [M, V] over labelled positions only.
+  AlbertOutput forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                       const at::Tensor& token_type_ids, const at::Tensor& labels = {},
+                       const at::Tensor& sentence_order_label = {});
+  /// Re-draws every weight as HF's _init_weights: N(0, initializer_range), zero biases and
+  /// padding row, LayerNorm (1, 0).
+  void init_weights(double initializer_range);
+
+  /// HF layout: dir/config.json + dir/model.safetensors (tied decoder not written, as HF's
+  /// safetensors save drops tied copies).
+  void save_pretrained(const std::string& dir) const;
+  /// Loads what save_pretrained or transformers wrote, also a bare AlbertModel checkpoint (no
+  /// "albert." prefix; the heads then keep their fresh initialisation, as in HF). InputError
+  /// naming the file for a missing/extra/misshapen tensor or a bad config value.
+  static AlbertForMaskedLM from_pretrained(const std::string& dir);
+
+  AlbertConfig config_;
+  AlbertModel albert{nullptr};
+  AlbertMLMHead predictions{nullptr};
+  torch::nn::Dropout sop_dropout{nullptr};
+  torch::nn::Linear sop_classifier{nullptr};  ///< registered as sop_classifier.classifier
+};
+TORCH_MODULE(AlbertForMaskedLM);
+
+}  // namespace polytrain
