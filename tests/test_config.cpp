@@ -321,7 +321,7 @@ TEST(ConfigValues, InvalidConfigsNameTheKey) {
       {{{"zero_optimization", {{"stage3_prefetch_bucket_size", 1}, {"prefetch_bucket_size", 2}}}}, "give one"},
       {{{"activation_checkpointing", {{"number_checkpoints", 0}}}}, "must be > 0"},
       {{{"tensorboard", {{"enabled", true}, {"output", "x"}}}}, "unknown key 'tensorboard.output' (did you mean 'output_path'?)"},
-      {{{"model", {{"model_type", "gpt2"}}}}, "'model.model_type' must be one of bert, roberta; got 'gpt2'"},
+      {{{"model", {{"model_type", "gpt3"}}}}, "'model.model_type' must be one of bert, roberta, albert, gpt2, t5; got 'gpt3'"},
       {{{"model", {{"hidden_size", 770}}}}, "'model.hidden_size' (770) must be divisible by num_attention_heads (12)"},
       {{{"model", {{"hidden_dropout_prob", 1.0}}}}, "'model.hidden_dropout_prob' must be in [0, 1), got 1"},
       {{{"model", {{"num_hidden_layers", 0}}}}, "'model.num_hidden_layers' must be > 0"},

@@ -87,13 +87,14 @@ TokenBlockDataset TokenBlockDataset::build(const std::vector<std::string>& files
       stream.insert(stream.end(), ids.begin(), ids.end());
     });
   }
-  const int64_t block = max_seq_length - 2;
+  const int64_t specials = (cls_id >= 0) + (sep_id >= 0);
+  const int64_t block = max_seq_length - specials;
   if (static_cast<int64_t>(stream.size()) < block) {
     std::string names;
     for (const auto& f : files) names += (names.empty() ? "'" : ", '") + f + "'";
     throw InputError(detail::cat("data files ", names, " hold ", stream.size(),
-                                 " tokens, fewer than one block of max_seq_length - 2 = ",
-                                 block));
+                                 " tokens, fewer than one block of ", block,
+                                 specials ? detail::cat(" (max_seq_length - ", specials, ")") : std::string()));
   }
   return from_token_stream(stream, cls_id, sep_id, max_seq_length);
 }
@@ -106,15 +107,15 @@ TokenBlockDataset TokenBlockDataset::from_token_stream(const std::vector<int64_t
   TokenBlockDataset ds;
   ds.seq_length_ = max_seq_length;
   ds.num_tokens_ = static_cast<int64_t>(stream.size());
-  const int64_t block = max_seq_length - 2;
+  const int64_t block = max_seq_length - (cls_id >= 0) - (sep_id >= 0);
   const int64_t n = ds.num_tokens_ / block;
   ds.samples_.reserve(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
     std::vector<int64_t> s;
     s.reserve(static_cast<size_t>(max_seq_length));
-    s.push_back(cls_id);
+    if (cls_id >= 0) s.push_back(cls_id);
     s.insert(s.end(), stream.begin() + i * block, stream.begin() + (i + 1) * block);
-    s.push_back(sep_id);
+    if (sep_id >= 0) s.push_back(sep_id);
     ds.samples_.push_back(std::move(s));
   }
   return ds;

@@ -1,5 +1,5 @@
 // TokenBlockDataset: plain-text files -> paragraphs -> token stream -> fixed-length
-// [CLS] block [SEP] samples for masked-LM training, plus the deterministic train/eval split.
+// [CLS] block [SEP] samples for masked-LM training (plain blocks for causal LM), plus the deterministic train/eval split.
 // Tokenization is the tokenizer's (data/wordpiece.h); masking and batching are the collator's
 // (data/mlm_collator.h); sample order is sample_order.h's.
 #pragma once
@@ -26,7 +26,8 @@ class TokenBlockDataset {
   /// does not fill a single block.
   static TokenBlockDataset build(const std::vector<std::string>& files,
                                  const WordPieceTokenizer& tok, int64_t max_seq_length);
-  /// The same with any tokenizer.
+  /// The same with any tokenizer. cls_id / sep_id < 0: not added (a causal LM packs plain
+  /// blocks of max_seq_length tokens, as HF's run_clm group_texts does).
   static TokenBlockDataset build(const std::vector<std::string>& files, const EncodeFn& encode,
                                  int64_t cls_id, int64_t sep_id, int64_t max_seq_length);
   /// Packs an already tokenized stream (what build() does after reading and tokenizing).

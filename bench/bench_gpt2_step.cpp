@@ -1,0 +1,52 @@
+// C++ side of bench/gpt2_step.sh: GPT-2 forward + backward tokens/s (no optimizer step) of
+// polytrain's Gpt2LMHeadModel on a fixed random batch; gpt2_step_torch.py runs the same model,
+// batch and threads in Python PyTorch. Dropout is off on both sides (the reference has none).
+// Usage: bench_gpt2_step small|tiny STEPS THREADS BATCH SEQ [default|dense|checkpoint]
+// MODE: default (fused LM loss: no [tokens, vocab] logits), dense (logits + cross_entropy, the
+// Python side's kernels), checkpoint (default + every block recomputed in backward).
+// Prints ms_per_step, tokens_per_s and the process's peak resident memory.
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include <torch/torch.h>
+
+#include "models/gpt2.h"
+
+using namespace polytrain;
+
+int main(int argc, char** argv) {
+  if (argc < 6) {
+    std::fprintf(stderr, "usage: bench_gpt2_step small|tiny STEPS THREADS BATCH SEQ [default|dense|checkpoint]\n");
+    return 2;
+  }
+  const std::string size = argv[1];
+  const int steps = std::stoi(argv[2]);
+  at::set_num_threads(std::stoi(argv[3]));
+  const int64_t batch = std::stoll(argv[4]), seq = std::stoll(argv[5]);
+  const std::string mode = argc > 6 ? argv[6] : "default";
+  torch::manual_seed(0);
+  Gpt2Config c;  // GPT-2 small (124M) by default
+  if (size == "tiny") c.n_embd = 128, c.n_layer = 2, c.n_head = 2;
+  c.resid_pdrop = c.embd_pdrop = c.attn_pdrop = 0.0;
+  c.fused_lm_loss = mode != "dense";
+  Gpt2LMHeadModel model(c);
+  model->train();
+  model->set_activation_checkpointing(mode == "checkpoint");
+  auto ids = torch::randint(0, c.vocab_size, {batch, seq}, torch::kLong);
+  auto step = [&] {
+    model->forward(ids, {}, ids).loss.backward();
+    for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();  // set_to_none, as torch's default
+  };
+  step();
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < steps; ++i) step();
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / steps;
+  std::printf("ms_per_step %.1f\ntokens_per_s %.1f\n", ms, 1000.0 * batch * seq / ms);
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  std::printf("peak_rss_mb %.1f\n", ru.ru_maxrss / 1024.0);
+  return 0;
+}

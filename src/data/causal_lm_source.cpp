@@ -1,0 +1,29 @@
+#include "data/causal_lm_source.h"
+
+#include <torch/torch.h>
+
+#include "common/error.h"
+
+namespace polytrain {
+
+CausalLmBatchSource::CausalLmBatchSource(const TokenBlockDataset& dataset, std::vector<int64_t> subset)
+    : dataset_(dataset), subset_(std::move(subset)) {}
+
+Batch CausalLmBatchSource::make_batch(const std::vector<int64_t>& indices, int64_t /*epoch*/) const {
+  const int64_t b = static_cast<int64_t>(indices.size()), l = dataset_.seq_length();
+  auto ids = torch::empty({b, l}, torch::kLong);
+  auto* out = ids.data_ptr<int64_t>();
+  for (int64_t r = 0; r < b; ++r) {
+    const int64_t i = indices[static_cast<size_t>(r)];
+    PT_CHECK(i >= 0 && i < size(), "sample index ", i, " out of range ", size());
+    const auto& s = dataset_.sample(subset_[static_cast<size_t>(i)]);
+    std::copy(s.begin(), s.end(), out + r * l);
+  }
+  Batch batch;
+  batch.set("input_ids", ids);
+  batch.set("attention_mask", torch::ones_like(ids));
+  batch.set("labels", ids);
+  return batch;
+}
+
+}  // namespace polytrain

@@ -1,0 +1,270 @@
+// GPT-2: the math of HF's modeling_gpt2.py (eager attention) in libtorch. Registration names
+// are chosen so named_parameters() equals GPT2LMHeadModel's state_dict keys.
+#include "models/gpt2.h"
+
+#include <cmath>
+
+#include <torch/torch.h>
+
+#include "common/error.h"
+#include "models/fused_lm_loss.h"
+#include "models/hf_config.h"
+#include "models/hf_pretrained.h"
+
+namespace polytrain {
+
+namespace F = torch::nn::functional;
+
+namespace {
+
+at::Tensor activation(const std::string& act, const at::Tensor& x) {
+  if (act == "gelu_new" || act == "gelu_pytorch_tanh" || act == "gelu_fast") return torch::gelu(x, "tanh");
+  if (act == "gelu") return torch::gelu(x);
+  if (act == "relu") return torch::relu(x);
+  if (act == "silu" || act == "swish") return torch::silu(x);
+  if (act == "tanh") return torch::tanh(x);
+  throw InputError("model.activation_function: unsupported activation '" + act +
+                   "' (supported: gelu_new, gelu_pytorch_tanh, gelu_fast, gelu, relu, silu, swish, tanh)");
+}
+
+torch::nn::LayerNorm layer_norm(const Gpt2Config& cfg) {
+  return torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.n_embd}).eps(cfg.layer_norm_epsilon));
+}
+
+// LayerNorm in its weights' type (fp32 under autocast; see bert.cpp's norm()).
+at::Tensor norm(torch::nn::LayerNorm& ln, const at::Tensor& x) {
+  const auto t = ln->weight.scalar_type();
+  return ln(x.scalar_type() == t ? x : x.to(t));
+}
+
+}  // namespace
+
+Gpt2Config gpt2_config_from_json(const nlohmann::json& j, const std::string& origin) {
+  HfConfigReader r(j, origin);
+  Gpt2Config c;
+  if (r.has("model_type") && r.get<std::string>("model_type", "") != "gpt2")
+    r.fail("model_type", "is '" + r.get<std::string>("model_type", "") + "', expected 'gpt2'");
+  c.vocab_size = r.positive("vocab_size", c.vocab_size);
+  c.n_positions = r.positive("n_positions", c.n_positions, {"max_position_embeddings"});
+  c.n_embd = r.positive("n_embd", c.n_embd, {"hidden_size"});
+  c.n_layer = r.positive("n_layer", c.n_layer, {"num_hidden_layers"});
+  c.n_head = r.positive("n_head", c.n_head, {"num_attention_heads"});
+  c.n_inner = r.get<int64_t>("n_inner", 0);
+  if (c.n_inner < 0) r.fail("n_inner", "must be > 0 or null, got " + std::to_string(c.n_inner));
+  c.activation_function = r.get<std::string>("activation_function", c.activation_function);
+  activation(c.activation_function, torch::zeros({1}));  // unknown names fail here, not mid-run
+  c.resid_pdrop = r.probability("resid_pdrop", c.resid_pdrop);
+  c.embd_pdrop = r.probability("embd_pdrop", c.embd_pdrop);
+  c.attn_pdrop = r.probability("attn_pdrop", c.attn_pdrop);
+  c.layer_norm_epsilon = r.get<double>("layer_norm_epsilon", c.layer_norm_epsilon);
+  if (!(c.layer_norm_epsilon > 0)) r.fail("layer_norm_epsilon", "must be > 0");
+  c.initializer_range = r.get<double>("initializer_range", c.initializer_range);
+  if (!(c.initializer_range >= 0)) r.fail("initializer_range", "must be >= 0");
+  c.scale_attn_weights = r.get<bool>("scale_attn_weights", c.scale_attn_weights);
+  c.scale_attn_by_inverse_layer_idx = r.get<bool>("scale_attn_by_inverse_layer_idx", false);
+  c.reorder_and_upcast_attn = r.get<bool>("reorder_and_upcast_attn", false);
+  c.tie_word_embeddings = r.get<bool>("tie_word_embeddings", true);
+  c.bos_token_id = r.get<int64_t>("bos_token_id", c.bos_token_id);
+  c.eos_token_id = r.get<int64_t>("eos_token_id", c.eos_token_id);
+  c.fused_lm_loss = r.get<bool>("fused_lm_loss", true);
+  if (c.n_embd % c.n_head != 0)
+    r.fail("n_embd", "(" + std::to_string(c.n_embd) + ") must be divisible by n_head (" +
+                         std::to_string(c.n_head) + ")");
+  static const char* kKnown[] = {"model_type", "vocab_size", "n_positions", "max_position_embeddings",
+                                 "n_embd", "hidden_size", "n_layer", "num_hidden_layers", "n_head",
+                                 "num_attention_heads", "n_inner", "activation_function", "resid_pdrop",
+                                 "embd_pdrop", "attn_pdrop", "layer_norm_epsilon", "initializer_range",
+                                 "scale_attn_weights", "scale_attn_by_inverse_layer_idx",
+                                 "reorder_and_upcast_attn", "tie_word_embeddings", "bos_token_id",
+                                 "eos_token_id", "fused_lm_loss"};
+  for (const auto& item : j.items()) {
+    bool known = false;
+    for (const char* k : kKnown) known = known || item.key() == k;
+    if (!known) c.extra[item.key()] = item.value();
+  }
+  return c;
+}
+
+nlohmann::json gpt2_config_to_json(const Gpt2Config& c) {
+  nlohmann::json j = c.extra;
+  j["model_type"] = "gpt2";
+  if (!j.contains("architectures")) j["architectures"] = {"GPT2LMHeadModel"};
+  j["vocab_size"] = c.vocab_size, j["n_positions"] = c.n_positions, j["n_embd"] = c.n_embd;
+  j["n_layer"] = c.n_layer, j["n_head"] = c.n_head;
+  j["n_inner"] = c.n_inner > 0 ? nlohmann::json(c.n_inner) : nlohmann::json(nullptr);
+  j["activation_function"] = c.activation_function;
+  j["resid_pdrop"] = c.resid_pdrop, j["embd_pdrop"] = c.embd_pdrop, j["attn_pdrop"] = c.attn_pdrop;
+  j["layer_norm_epsilon"] = c.layer_norm_epsilon, j["initializer_range"] = c.initializer_range;
+  j["scale_attn_weights"] = c.scale_attn_weights;
+  j["scale_attn_by_inverse_layer_idx"] = c.scale_attn_by_inverse_layer_idx;
+  j["reorder_and_upcast_attn"] = c.reorder_and_upcast_attn;
+  j["tie_word_embeddings"] = c.tie_word_embeddings;
+  j["bos_token_id"] = c.bos_token_id, j["eos_token_id"] = c.eos_token_id;
+  return j;
+}
+
+Gpt2Conv1DImpl::Gpt2Conv1DImpl(int64_t in, int64_t out) {
+  weight = register_parameter("weight", torch::empty({in, out}).normal_(0.0, 0.02));
+  bias = register_parameter("bias", torch::zeros({out}));
+}
+
+at::Tensor Gpt2Conv1DImpl::forward(const at::Tensor& x) {
+  auto sizes = x.sizes().vec();
+  sizes.back() = weight.size(1);
+  return torch::addmm(bias, x.reshape({-1, x.size(-1)}), weight).view(sizes);
+}
+
+Gpt2AttentionImpl::Gpt2AttentionImpl(const Gpt2Config& cfg, int64_t layer_idx)
+    : heads_(cfg.n_head), head_dim_(cfg.n_embd / cfg.n_head) {
+  c_attn = register_module("c_attn", Gpt2Conv1D(cfg.n_embd, 3 * cfg.n_embd));
+  c_proj = register_module("c_proj", Gpt2Conv1D(cfg.n_embd, cfg.n_embd));
+  attn_dropout = register_module("attn_dropout", torch::nn::Dropout(cfg.attn_pdrop));
+  resid_dropout = register_module("resid_dropout", torch::nn::Dropout(cfg.resid_pdrop));
+  scale_ = 1.0;
+  if (cfg.scale_attn_weights) scale_ /= std::sqrt(static_cast<double>(head_dim_));
+  if (cfg.scale_attn_by_inverse_layer_idx) scale_ /= static_cast<double>(layer_idx + 1);
+}
+
+at::Tensor Gpt2AttentionImpl::forward(const at::Tensor& x, const at::Tensor& masked) {
+  const int64_t b = x.size(0), l = x.size(1);
+  auto qkv = c_attn(x).split(heads_ * head_dim_, 2);
+  auto heads = [&](const at::Tensor& t) { return t.view({b, l, heads_, head_dim_}).transpose(1, 2); };
+  auto q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
+  auto scores = torch::matmul(q, k.transpose(-1, -2));
+  if (scale_ != 1.0) scores = scores * scale_;
+  // HF: masked scores become finfo.min (a fully masked row, a left-padded query, gets a
+  // uniform row instead of NaN); softmax in fp32 under autocast, as autocast's fp32 list has it.
+  if (scores.scalar_type() != torch::kFloat && scores.scalar_type() != torch::kDouble) scores = scores.to(torch::kFloat);
+  scores = scores.masked_fill(masked, std::numeric_limits<float>::lowest());
+  auto probs = attn_dropout(torch::softmax(scores, -1).to(v.scalar_type()));
+  auto ctx = torch::matmul(probs, v).transpose(1, 2).reshape({b, l, heads_ * head_dim_});
+  return resid_dropout(c_proj(ctx));
+}
+
+Gpt2MlpImpl::Gpt2MlpImpl(const Gpt2Config& cfg) : act_(cfg.activation_function) {
+  const int64_t inner = cfg.n_inner > 0 ? cfg.n_inner : 4 * cfg.n_embd;
+  c_fc = register_module("c_fc", Gpt2Conv1D(cfg.n_embd, inner));
+  c_proj = register_module("c_proj", Gpt2Conv1D(inner, cfg.n_embd));
+  dropout = register_module("dropout", torch::nn::Dropout(cfg.resid_pdrop));
+}
+
+at::Tensor Gpt2MlpImpl::forward(const at::Tensor& x) { return dropout(c_proj(activation(act_, c_fc(x)))); }
+
+Gpt2BlockImpl::Gpt2BlockImpl(const Gpt2Config& cfg, int64_t layer_idx) {
+  ln_1 = register_module("ln_1", layer_norm(cfg));
+  attn = register_module("attn", Gpt2Attention(cfg, layer_idx));
+  ln_2 = register_module("ln_2", layer_norm(cfg));
+  mlp = register_module("mlp", Gpt2Mlp(cfg));
+}
+
+at::Tensor Gpt2BlockImpl::forward(const at::Tensor& x, const at::Tensor& masked) {
+  auto h = x + attn(norm(ln_1, x).to(x.scalar_type()), masked);
+  return h + mlp(norm(ln_2, h).to(h.scalar_type()));
+}
+
+Gpt2ModelImpl::Gpt2ModelImpl(const Gpt2Config& cfg) {
+  wte = register_module("wte", torch::nn::Embedding(cfg.vocab_size, cfg.n_embd));
+  wpe = register_module("wpe", torch::nn::Embedding(cfg.n_positions, cfg.n_embd));
+  drop = register_module("drop", torch::nn::Dropout(cfg.embd_pdrop));
+  h = register_module("h", torch::nn::ModuleList());
+  for (int64_t i = 0; i < cfg.n_layer; ++i) h->push_back(Gpt2Block(cfg, i));
+  ln_f = register_module("ln_f", layer_norm(cfg));
+}
+
+at::Tensor Gpt2ModelImpl::forward(const at::Tensor& input_ids, const at::Tensor& attention_mask) {
+  const int64_t len = input_ids.size(1);
+  PT_INPUT_CHECK(len <= wpe->weight.size(0), "sequence length ", len, " exceeds model.n_positions ",
+                 wpe->weight.size(0));
+  auto positions = torch::arange(len, input_ids.options()).unsqueeze(0);
+  auto x = drop(wte(input_ids) + wpe(positions));
+  // masked[b, 0, i, j]: query i may not see key j (a later position, or padding).
+  auto masked = torch::ones({len, len}, input_ids.options().dtype(torch::kBool)).triu(1).view({1, 1, len, len});
+  if (attention_mask.defined())
+    masked = masked.logical_or(attention_mask.eq(0).view({attention_mask.size(0), 1, 1, len}));
+  for (const auto& m : *h) {
+    auto* block = m->as<Gpt2Block>();
+    if (checkpoint_blocks && is_training())
+      x = checkpointed([block, masked](const at::Tensor& t) { return block->forward(t, masked); }, x);
+    else
+      x = block->forward(x, masked);
+  }
+  return norm(ln_f, x);
+}
+
+Gpt2LMHeadModelImpl::Gpt2LMHeadModelImpl(const Gpt2Config& cfg) : config_(cfg) {
+  transformer = register_module("transformer", Gpt2Model(cfg));
+  if (!cfg.tie_word_embeddings) {
+    auto head = std::make_shared<torch::nn::Module>("lm_head");
+    lm_head_ = head->register_parameter("weight", torch::empty({cfg.vocab_size, cfg.n_embd}));
+    register_module("lm_head", head);
+  }
+  init_weights();
+}
+
+at::Tensor Gpt2LMHeadModelImpl::lm_head_weight() const {
+  return config_.tie_word_embeddings ? transformer->wte->weight : lm_head_;
+}
+
+void Gpt2LMHeadModelImpl::set_activation_checkpointing(bool on) { transformer->checkpoint_blocks = on; }
+
+void Gpt2LMHeadModelImpl::init_weights() {
+  torch::NoGradGuard no_grad;
+  const double std = config_.initializer_range;
+  for (auto& item : named_parameters()) {
+    const std::string& name = item.key();
+    auto& p = item.value();
+    const bool is_bias = name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
+    if (name.find("ln_") != std::string::npos) {
+      is_bias ? p.zero_() : p.fill_(1.0);
+    } else if (is_bias) {
+      p.zero_();
+    } else if (name.find("c_proj.weight") != std::string::npos) {
+      // GPT-2 paper: residual projections scaled by 1/sqrt(N) at init (N = 2 per block).
+      p.normal_(0.0, std / std::sqrt(2.0 * static_cast<double>(config_.n_layer)));
+    } else {
+      p.normal_(0.0, std);
+    }
+  }
+}
+
+ModelOutput Gpt2LMHeadModelImpl::forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                                         const at::Tensor& labels) {
+  ModelOutput out;
+  out.hidden_states = transformer(input_ids, attention_mask);
+  const at::Tensor w = lm_head_weight();
+  if (labels.defined()) {
+    // Token t predicts labels[t + 1] (HF shifts inside the model).
+    const int64_t l = out.hidden_states.size(1);
+    auto h = out.hidden_states.narrow(1, 0, l - 1);
+    auto y = labels.narrow(1, 1, l - 1);
+    if (config_.fused_lm_loss) {
+      out.loss = fused_linear_cross_entropy(h, w, at::Tensor(), y);
+      return out;
+    }
+    out.logits = F::linear(out.hidden_states, w);
+    auto shifted = out.logits.narrow(1, 0, l - 1);
+    out.loss = F::cross_entropy(shifted.reshape({-1, shifted.size(-1)}), y.reshape({-1}),
+                                F::CrossEntropyFuncOptions().ignore_index(-100));
+    return out;
+  }
+  out.logits = F::linear(out.hidden_states, w);
+  return out;
+}
+
+void Gpt2LMHeadModelImpl::save_pretrained(const std::string& dir) const {
+  polytrain::save_pretrained(*this, gpt2_config_to_json(config_), dir);
+}
+
+std::shared_ptr<Gpt2LMHeadModelImpl> Gpt2LMHeadModelImpl::from_pretrained(const std::string& dir) {
+  auto config = read_pretrained_config(dir);
+  auto model = std::make_shared<Gpt2LMHeadModelImpl>(gpt2_config_from_json(config, dir + "/config.json"));
+  HfLoadOptions opt;
+  opt.base_prefix = "transformer";
+  // Old checkpoints carry the causal-mask buffers; tied checkpoints may carry lm_head.weight.
+  opt.ignore_unused = {R"(\.attn\.(masked_)?bias$)"};
+  if (model->config_.tie_word_embeddings) opt.ignore_unused.push_back(R"(^lm_head\.weight$)");
+  load_pretrained_weights(*model, dir, opt);
+  return model;
+}
+
+}  // namespace polytrain

@@ -1,0 +1,126 @@
+// GPT-2 causal LM in libtorch (HF modeling_gpt2.py's math), with HF's parameter names
+// (transformer.wte.weight, transformer.h.0.attn.c_attn.weight, ...) and HF's Conv1D layout
+// ([in, out] weights), so an HF checkpoint maps 1:1. No parallel logic (principle 2).
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/dropout.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/normalization.h>
+
+#include "models/activation_checkpoint.h"
+#include "models/model_output.h"
+
+namespace polytrain {
+
+/// HF GPT2Config: its field names and defaults (GPT-2 small).
+struct Gpt2Config {
+  int64_t vocab_size = 50257;
+  int64_t n_positions = 1024;
+  int64_t n_embd = 768;
+  int64_t n_layer = 12;
+  int64_t n_head = 12;
+  int64_t n_inner = 0;  ///< 0 (HF: null) = 4 * n_embd
+  std::string activation_function = "gelu_new";
+  double resid_pdrop = 0.1, embd_pdrop = 0.1, attn_pdrop = 0.1;
+  double layer_norm_epsilon = 1e-5;
+  double initializer_range = 0.02;
+  bool scale_attn_weights = true;
+  bool scale_attn_by_inverse_layer_idx = false;
+  bool reorder_and_upcast_attn = false;  ///< accepted; the math is the same in fp32
+  bool tie_word_embeddings = true;
+  int64_t bos_token_id = 50256, eos_token_id = 50256;
+  /// polytrain: with labels, compute the loss without the [tokens, vocab] logits
+  /// (models/fused_lm_loss.h); logits are then not returned.
+  bool fused_lm_loss = true;
+  nlohmann::json extra = nlohmann::json::object();  ///< other HF keys, kept for export
+};
+
+/// Reads an HF GPT-2 config.json (or a `model` section with model_type gpt2): HF's aliases
+/// (hidden_size, num_hidden_layers, num_attention_heads, max_position_embeddings) accepted.
+/// InputError naming `origin` and the key for a bad value.
+Gpt2Config gpt2_config_from_json(const nlohmann::json& j, const std::string& origin);
+/// HF config.json: model_type gpt2, architectures [GPT2LMHeadModel], every field.
+nlohmann::json gpt2_config_to_json(const Gpt2Config& c);
+
+/// HF's Conv1D: y = x W + b with W stored [in, out] (the transpose of a Linear's).
+struct Gpt2Conv1DImpl : torch::nn::Module {
+  Gpt2Conv1DImpl(int64_t in, int64_t out);
+  at::Tensor forward(const at::Tensor& x);
+  at::Tensor weight, bias;
+};
+TORCH_MODULE(Gpt2Conv1D);
+
+struct Gpt2AttentionImpl : torch::nn::Module {
+  Gpt2AttentionImpl(const Gpt2Config& cfg, int64_t layer_idx);
+  /// masked: bool [B or 1, 1, L, L], true where query i must not attend key j (causal + padding).
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& masked);
+  Gpt2Conv1D c_attn{nullptr}, c_proj{nullptr};
+  torch::nn::Dropout attn_dropout{nullptr}, resid_dropout{nullptr};
+  int64_t heads_, head_dim_;
+  double scale_;
+};
+TORCH_MODULE(Gpt2Attention);
+
+struct Gpt2MlpImpl : torch::nn::Module {
+  explicit Gpt2MlpImpl(const Gpt2Config& cfg);
+  at::Tensor forward(const at::Tensor& x);
+  Gpt2Conv1D c_fc{nullptr}, c_proj{nullptr};
+  torch::nn::Dropout dropout{nullptr};
+  std::string act_;
+};
+TORCH_MODULE(Gpt2Mlp);
+
+/// Pre-LayerNorm block: x + attn(ln_1(x)), then + mlp(ln_2(.)). The checkpointing unit.
+struct Gpt2BlockImpl : torch::nn::Module {
+  Gpt2BlockImpl(const Gpt2Config& cfg, int64_t layer_idx);
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& masked);
+  torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
+  Gpt2Attention attn{nullptr};
+  Gpt2Mlp mlp{nullptr};
+};
+TORCH_MODULE(Gpt2Block);
+
+/// HF GPT2Model: embeddings, blocks, final LayerNorm.
+struct Gpt2ModelImpl : torch::nn::Module {
+  explicit Gpt2ModelImpl(const Gpt2Config& cfg);
+  at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& attention_mask);
+  torch::nn::Embedding wte{nullptr}, wpe{nullptr};
+  torch::nn::Dropout drop{nullptr};
+  torch::nn::ModuleList h{nullptr};
+  torch::nn::LayerNorm ln_f{nullptr};
+  bool checkpoint_blocks = false;
+};
+TORCH_MODULE(Gpt2Model);
+
+/// HF GPT2LMHeadModel: "transformer" + an LM head tied to wte (or its own lm_head.weight when
+/// tie_word_embeddings is false).
+struct Gpt2LMHeadModelImpl : torch::nn::Module, ActivationCheckpointing {
+  explicit Gpt2LMHeadModelImpl(const Gpt2Config& cfg);
+  /// input_ids [B, L]; attention_mask [B, L] 1/0 or undefined; labels [B, L] (usually the
+  /// input ids; -100 = ignored): the loss is HF's, token t predicts labels[t + 1].
+  ModelOutput forward(const at::Tensor& input_ids, const at::Tensor& attention_mask = {},
+                      const at::Tensor& labels = {});
+  void set_activation_checkpointing(bool on) override;
+  /// HF's _init_weights: N(0, initializer_range), c_proj weights N(0, range / sqrt(2 n_layer)).
+  void init_weights();
+  /// The [V, H] output projection (wte's weight when tied).
+  at::Tensor lm_head_weight() const;
+
+  /// config.json + model.safetensors in HF's layout (the tied lm_head is not written, as HF).
+  void save_pretrained(const std::string& dir) const;
+  /// From an HF GPT-2 directory (GPT2LMHeadModel or bare GPT2Model checkpoints; the attn.bias
+  /// mask buffers of old checkpoints are ignored).
+  static std::shared_ptr<Gpt2LMHeadModelImpl> from_pretrained(const std::string& dir);
+
+  Gpt2Config config_;
+  Gpt2Model transformer{nullptr};
+  at::Tensor lm_head_;  ///< registered as lm_head.weight only when untied
+};
+TORCH_MODULE(Gpt2LMHeadModel);
+
+}  // namespace polytrain
