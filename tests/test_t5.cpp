@@ -16,6 +16,7 @@
 #include "helpers/hf_parity.h"
 #include "models/safetensors.h"
 #include "models/t5.h"
+#include "trainer/autocast.h"
 
 namespace polytrain {
 namespace {
@@ -265,6 +266,31 @@ TEST(T5, CheckpointedGradientsAreBitIdenticalWithDropout) {
     T5Config other = cfg;
     other.dropout_rate = 0.2;
     EXPECT_FALSE(torch::equal(plain.grads[0], train_step(other, false).grads[0]));
+  }
+}
+
+// The trainer's bf16 mode: T5LayerNorm's fp32 variance, fp32 softmax and wo in its weights' dtype
+// keep the loss near fp32's; checkpointed blocks replay the autocast setting.
+TEST(T5, RunsUnderBf16Autocast) {
+  for (const T5Config& cfg : {tiny_v10(0.1), tiny_v11(0.1)}) {
+    torch::manual_seed(2);
+    T5ForConditionalGeneration model(cfg);
+    model->set_activation_checkpointing(true);
+    const Inputs in = make_inputs(cfg.vocab_size);
+    const auto labels = torch::randint(2, cfg.vocab_size, {3, 9});
+    model->eval();
+    const double fp32 = model->forward(in.ids, in.mask, labels).loss.item<double>();
+    at::Tensor loss;
+    {
+      AutocastGuard bf16(c10::kCPU, at::kBFloat16);
+      loss = model->forward(in.ids, in.mask, labels).loss;
+      EXPECT_NEAR(loss.item<double>(), fp32, 0.05 * fp32);
+      model->train();
+      loss = model->forward(in.ids, in.mask, labels).loss;
+    }
+    loss.backward();
+    for (const auto& p : model->named_parameters())
+      ASSERT_TRUE(p.value().grad().defined() && torch::isfinite(p.value().grad()).all().item<bool>()) << p.key();
   }
 }
 
