@@ -311,8 +311,11 @@ class AlbertBadInput : public AlbertTest {
  protected:
   void SetUp() override {
     AlbertTest::SetUp();
-    random_model(tiny(false), 6)->save_pretrained(sub("m"));
+    fresh();
   }
+  // Each case below starts from a good checkpoint (one process for all: see test_hf_bert.cpp).
+  void fresh() { model_->save_pretrained(sub("m")); }
+  AlbertForMaskedLM model_ = random_model(tiny(false), 6);
   void expect_error(const std::vector<std::string>& parts) {
     try {
       AlbertForMaskedLMImpl::from_pretrained(sub("m"));
@@ -334,33 +337,40 @@ class AlbertBadInput : public AlbertTest {
   }
 };
 
-TEST_F(AlbertBadInput, WrongShape) {
-  edit_tensors([](NamedTensors& t) {
-    for (auto& [n, v] : t)
-      if (n == "albert.encoder.embedding_hidden_mapping_in.weight") v = torch::zeros({32, 17});
-  });
-  expect_error({"model.safetensors", "albert.encoder.embedding_hidden_mapping_in.weight", "[32, 17]", "[32, 16]"});
-}
-
-TEST_F(AlbertBadInput, MissingTensor) {
-  edit_tensors([](NamedTensors& t) {
-    t.erase(std::remove_if(t.begin(), t.end(),
-                           [](const auto& p) {
-                             return p.first == "albert.encoder.albert_layer_groups.1.albert_layers.0.ffn.weight";
-                           }),
-            t.end());
-  });
-  expect_error({"model.safetensors", "missing", "albert.encoder.albert_layer_groups.1.albert_layers.0.ffn.weight"});
-}
-
-TEST_F(AlbertBadInput, GroupCountDisagreesWithWeights) {
-  edit_config([](nlohmann::json& j) { j["num_hidden_groups"] = 1; });
-  expect_error({"model.safetensors", "albert_layer_groups.1"});
-}
-
-TEST_F(AlbertBadInput, BadConfigValue) {
-  edit_config([](nlohmann::json& j) { j["num_hidden_groups"] = 3; });
-  expect_error({"config.json", "'num_hidden_groups'"});
+TEST_F(AlbertBadInput, ErrorsNameFileAndTensorOrKey) {
+  {
+    SCOPED_TRACE("WrongShape");
+    fresh();
+    edit_tensors([](NamedTensors& t) {
+      for (auto& [n, v] : t)
+        if (n == "albert.encoder.embedding_hidden_mapping_in.weight") v = torch::zeros({32, 17});
+    });
+    expect_error({"model.safetensors", "albert.encoder.embedding_hidden_mapping_in.weight", "[32, 17]", "[32, 16]"});
+  }
+  {
+    SCOPED_TRACE("MissingTensor");
+    fresh();
+    edit_tensors([](NamedTensors& t) {
+      t.erase(std::remove_if(t.begin(), t.end(),
+                             [](const auto& p) {
+                               return p.first == "albert.encoder.albert_layer_groups.1.albert_layers.0.ffn.weight";
+                             }),
+              t.end());
+    });
+    expect_error({"model.safetensors", "missing", "albert.encoder.albert_layer_groups.1.albert_layers.0.ffn.weight"});
+  }
+  {
+    SCOPED_TRACE("GroupCountDisagreesWithWeights");
+    fresh();
+    edit_config([](nlohmann::json& j) { j["num_hidden_groups"] = 1; });
+    expect_error({"model.safetensors", "albert_layer_groups.1"});
+  }
+  {
+    SCOPED_TRACE("BadConfigValue");
+    fresh();
+    edit_config([](nlohmann::json& j) { j["num_hidden_groups"] = 3; });
+    expect_error({"config.json", "'num_hidden_groups'"});
+  }
 }
 
 TEST(AlbertModel, BadInputShapeAndLength) {

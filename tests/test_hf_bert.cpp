@@ -180,8 +180,12 @@ class HfBertBadInput : public HfBertTest {
  protected:
   void SetUp() override {
     HfBertTest::SetUp();
-    random_model(tiny("bert"), 6)->save_pretrained(sub("m"));
+    fresh();
   }
+  // Each case below starts from a good checkpoint (cases share one process: ctest starts one
+  // per test, and loading libtorch costs more than the case).
+  void fresh() { model_->save_pretrained(sub("m")); }
+  BertForMaskedLM model_ = random_model(tiny("bert"), 6);
   void expect_error(const std::vector<std::string>& parts) {
     try {
       BertForMaskedLMImpl::from_pretrained(sub("m"));
@@ -203,57 +207,72 @@ class HfBertBadInput : public HfBertTest {
   }
 };
 
-TEST_F(HfBertBadInput, WrongShape) {
-  rewrite_tensors([](NamedTensors& t) {
-    for (auto& [n, v] : t)
-      if (n == "bert.encoder.layer.1.intermediate.dense.weight") v = torch::zeros({36, 32});
-  });
-  expect_error({"model.safetensors", "bert.encoder.layer.1.intermediate.dense.weight", "[36, 32]", "[37, 32]"});
+TEST_F(HfBertBadInput, CheckpointErrorsNameFileAndTensor) {
+  {
+    SCOPED_TRACE("WrongShape");
+    fresh();
+    rewrite_tensors([](NamedTensors& t) {
+      for (auto& [n, v] : t)
+        if (n == "bert.encoder.layer.1.intermediate.dense.weight") v = torch::zeros({36, 32});
+    });
+    expect_error({"model.safetensors", "bert.encoder.layer.1.intermediate.dense.weight", "[36, 32]", "[37, 32]"});
+  }
+  {
+    SCOPED_TRACE("MissingTensor");
+    fresh();
+    rewrite_tensors([](NamedTensors& t) {
+      t.erase(std::remove_if(t.begin(), t.end(), [](const auto& p) { return p.first == "cls.predictions.bias"; }),
+              t.end());
+    });
+    expect_error({"model.safetensors", "missing", "cls.predictions.bias"});
+  }
+  {
+    SCOPED_TRACE("UnexpectedTensor");
+    fresh();
+    rewrite_tensors([](NamedTensors& t) { t.emplace_back("bert.encoder.layer.2.output.dense.weight", torch::zeros({2})); });
+    expect_error({"model.safetensors", "bert.encoder.layer.2.output.dense.weight"});
+  }
+  {
+    SCOPED_TRACE("LayerCountDisagreesWithWeights");
+    fresh();
+    rewrite_config([](nlohmann::json& j) { j["num_hidden_layers"] = 3; });
+    expect_error({"model.safetensors", "missing", "bert.encoder.layer.2."});
+  }
 }
 
-TEST_F(HfBertBadInput, MissingTensor) {
-  rewrite_tensors([](NamedTensors& t) {
-    t.erase(std::remove_if(t.begin(), t.end(), [](const auto& p) { return p.first == "cls.predictions.bias"; }),
-            t.end());
-  });
-  expect_error({"model.safetensors", "missing", "cls.predictions.bias"});
-}
-
-TEST_F(HfBertBadInput, UnexpectedTensor) {
-  rewrite_tensors([](NamedTensors& t) { t.emplace_back("bert.encoder.layer.2.output.dense.weight", torch::zeros({2})); });
-  expect_error({"model.safetensors", "bert.encoder.layer.2.output.dense.weight"});
-}
-
-TEST_F(HfBertBadInput, LayerCountDisagreesWithWeights) {
-  rewrite_config([](nlohmann::json& j) { j["num_hidden_layers"] = 3; });
-  expect_error({"model.safetensors", "missing", "bert.encoder.layer.2."});
-}
-
-TEST_F(HfBertBadInput, HeadsDoNotDivideHiddenSize) {
-  rewrite_config([](nlohmann::json& j) { j["num_attention_heads"] = 5; });
-  expect_error({"config.json", "'hidden_size'", "num_attention_heads"});
-}
-
-TEST_F(HfBertBadInput, WrongValueType) {
-  rewrite_config([](nlohmann::json& j) { j["intermediate_size"] = "37"; });
-  expect_error({"config.json", "'intermediate_size'"});
-}
-
-TEST_F(HfBertBadInput, NotABertConfig) {
-  rewrite_config([](nlohmann::json& j) { j["model_type"] = "albert"; });
-  expect_error({"config.json", "model_type", "albert"});
-}
-
-TEST_F(HfBertBadInput, RelativePositionsRefused) {
-  rewrite_config([](nlohmann::json& j) { j["position_embedding_type"] = "relative_key"; });
-  expect_error({"config.json", "position_embedding_type", "relative_key"});
-}
-
-TEST_F(HfBertBadInput, MissingFiles) {
-  fs::remove(sub("m/model.safetensors"));
-  expect_error({"model.safetensors", "not found"});
-  fs::remove(sub("m/config.json"));
-  expect_error({"config.json"});
+TEST_F(HfBertBadInput, ConfigErrorsNameFileAndKey) {
+  {
+    SCOPED_TRACE("HeadsDoNotDivideHiddenSize");
+    fresh();
+    rewrite_config([](nlohmann::json& j) { j["num_attention_heads"] = 5; });
+    expect_error({"config.json", "'hidden_size'", "num_attention_heads"});
+  }
+  {
+    SCOPED_TRACE("WrongValueType");
+    fresh();
+    rewrite_config([](nlohmann::json& j) { j["intermediate_size"] = "37"; });
+    expect_error({"config.json", "'intermediate_size'"});
+  }
+  {
+    SCOPED_TRACE("NotABertConfig");
+    fresh();
+    rewrite_config([](nlohmann::json& j) { j["model_type"] = "albert"; });
+    expect_error({"config.json", "model_type", "albert"});
+  }
+  {
+    SCOPED_TRACE("RelativePositionsRefused");
+    fresh();
+    rewrite_config([](nlohmann::json& j) { j["position_embedding_type"] = "relative_key"; });
+    expect_error({"config.json", "position_embedding_type", "relative_key"});
+  }
+  {
+    SCOPED_TRACE("MissingFiles");
+    fresh();
+    fs::remove(sub("m/model.safetensors"));
+    expect_error({"model.safetensors", "not found"});
+    fs::remove(sub("m/config.json"));
+    expect_error({"config.json"});
+  }
 }
 
 TEST(HfBertConfig, JsonRoundTripKeepsExtraKeys) {
