@@ -104,10 +104,13 @@ void check_parity(const T5Config& cfg, const char* label) {
   EXPECT_GT((logits_of(model, unmasked) - ours).abs().max().item<double>(), 1e-3);
 }
 
-TEST(T5, ParityV10ReluTied) { check_parity(tiny_v10(), "t5 v1.0 relu tied"); }
-TEST(T5, ParityV11GatedGeluUntied) { check_parity(tiny_v11(), "t5 v1.1 gated-gelu untied"); }
+// (ctest starts a process per case, ~2 s each here: related checks share a case.)
+TEST(T5, LogitsMatchHfReference) {
+  check_parity(tiny_v10(), "t5 v1.0 relu tied");
+  check_parity(tiny_v11(), "t5 v1.1 gated-gelu untied");
+}
 
-TEST(T5, ParameterNamesAreHuggingFaces) {
+void check_parameter_names() {
   T5Config c = tiny_v11();
   c.num_layers = 1, c.num_decoder_layers = 1;
   T5ForConditionalGeneration model(c);
@@ -166,7 +169,8 @@ TEST(T5, LabelsAreShiftedRightAndLossIsMeanCrossEntropy) {
   EXPECT_NEAR(out.loss.item<double>(), sum / n, 1e-5);
 }
 
-TEST(T5, SaveLoadRoundTripIsBitExact) {
+TEST(T5, HfNamesAndBitExactSaveLoad) {
+  check_parameter_names();
   for (const T5Config& cfg : {tiny_v10(), tiny_v11()}) {
     T5ForConditionalGeneration model(cfg);
     TempDir dir;
@@ -256,7 +260,10 @@ void expect_identical(const StepResult& a, const StepResult& b) {
   }
 }
 
-TEST(T5, CheckpointedGradientsAreBitIdenticalWithDropout) {
+void check_bf16_autocast();
+
+TEST(T5, CheckpointedGradientsBitIdenticalAndBf16Runs) {
+  check_bf16_autocast();
   for (const T5Config& cfg : {tiny_v10(0.1), tiny_v11(0.1)}) {
     const StepResult plain = train_step(cfg, false), ckpt = train_step(cfg, true);
     EXPECT_EQ(plain.checkpointed_blocks, 0);
@@ -271,7 +278,7 @@ TEST(T5, CheckpointedGradientsAreBitIdenticalWithDropout) {
 
 // The trainer's bf16 mode: T5LayerNorm's fp32 variance, fp32 softmax and wo in its weights' dtype
 // keep the loss near fp32's; checkpointed blocks replay the autocast setting.
-TEST(T5, RunsUnderBf16Autocast) {
+void check_bf16_autocast() {
   for (const T5Config& cfg : {tiny_v10(0.1), tiny_v11(0.1)}) {
     torch::manual_seed(2);
     T5ForConditionalGeneration model(cfg);
@@ -367,7 +374,10 @@ TEST(T5, BadCheckpointsAreInputErrorsNamingFileAndKey) {
   EXPECT_NE(load_error(dir.str()).find("'model_type' is 'bert'"), std::string::npos);
 }
 
-TEST(T5Config, HfKeysAliasesAndChecks) {
+void check_polytrain_model_section();
+
+TEST(T5Config, HfKeysAliasesChecksAndPolytrainSection) {
+  check_polytrain_model_section();
   // HF's t5-small config.json keys (+ v1.1's), and its aliases.
   const auto c = t5_config_from_json({{"d_model", 512}, {"num_decoder_layers", nullptr}, {"num_layers", 6},
                                       {"feed_forward_proj", "gated-gelu"}, {"tie_word_embeddings", false},
@@ -409,7 +419,7 @@ TEST(T5Config, HfKeysAliasesAndChecks) {
             std::string::npos);
 }
 
-TEST(T5Config, PolytrainModelSection) {
+void check_polytrain_model_section() {
   const nlohmann::json doc = {{"train_batch_size", 8},
                               {"model", {{"model_type", "t5"}, {"d_model", 48}, {"num_heads", 6}, {"d_kv", 8}}}};
   const Config cfg = config_from_json(doc, "train.json");
