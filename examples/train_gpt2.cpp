@@ -49,14 +49,14 @@ int main(int argc, char** argv) {
     warn_ignored_keys(cfg);
     PT_INPUT_CHECK(cfg.model.model_type == "gpt2", "model.model_type: '", cfg.model.model_type,
                    "': train_gpt2 trains gpt2 models");
-    PT_INPUT_CHECK(!cfg.data.vocab_file.empty(), "data.vocab_file: not set (GPT-2's encoder.json)");
-    PT_INPUT_CHECK(!cfg.data.train_files.empty(), "data.train_files: not set (plain-text files)");
-    if (merges.empty()) merges = (std::filesystem::path(cfg.data.vocab_file).parent_path() / "vocab.bpe").string();
-    const auto tok = Gpt2BpeTokenizer::from_files(cfg.data.vocab_file, merges);
     // The model's config: the `model` section, or config.json of --init_from.
     Gpt2Config model_cfg = init_from.empty() ? gpt2_config_from_json(cfg.model.extra, "model")
                                              : gpt2_config_from_json(read_pretrained_config(init_from),
                                                                      init_from + "/config.json");
+    PT_INPUT_CHECK(!cfg.data.vocab_file.empty(), "data.vocab_file: not set (GPT-2's encoder.json)");
+    PT_INPUT_CHECK(!cfg.data.train_files.empty(), "data.train_files: not set (plain-text files)");
+    if (merges.empty()) merges = (std::filesystem::path(cfg.data.vocab_file).parent_path() / "vocab.bpe").string();
+    const auto tok = Gpt2BpeTokenizer::from_files(cfg.data.vocab_file, merges);
     PT_INPUT_CHECK(tok.vocab_size() <= model_cfg.vocab_size, "model.vocab_size ", model_cfg.vocab_size,
                    " is smaller than the vocabulary in ", cfg.data.vocab_file, " (", tok.vocab_size(), ")");
     PT_INPUT_CHECK(cfg.data.max_seq_length <= model_cfg.n_positions, "data.max_seq_length (",

@@ -2,26 +2,16 @@
 // on Debian's python3-torch) on a model directory and inputs, and returns its outputs.
 #pragma once
 
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <string>
 
+#include "helpers/process.h"
 #include "models/safetensors.h"
 
 namespace polytrain::testing {
-
-inline int run_command(const std::string& cmd, std::string* out) {
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return -1;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out->append(buf, n);
-  const int status = ::pclose(p);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
 
 /// True when /usr/bin/python3 can import torch (tests GTEST_SKIP otherwise).
 inline bool python_torch_available() {

@@ -1,0 +1,102 @@
+// train_gpt2 as a user runs it: BPE on the real corpus, a short run whose loss falls, the HF
+// directory it writes loads back (--init_from), and bad input -> one `error:` line, exit 2.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "helpers/process.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Run {
+  int code;
+  std::string out;
+};
+
+Run run(const std::string& cmd) {
+  Run r{0, ""};
+  r.code = polytrain::testing::run_command("cd " POLYTRAIN_SOURCE_DIR " && " + cmd + " 2>&1", &r.out);
+  return r;
+}
+
+const std::string kGpt2 = POLYTRAIN_BINARY_DIR "/train_gpt2";
+
+bool assets_present() {
+  return fs::exists(fs::path(POLYTRAIN_SOURCE_DIR) / ".cache/assets/gpt2/encoder.json");
+}
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    path = fs::temp_directory_path() / ("pt_tgpt2_" + std::to_string(::getpid()));
+    fs::create_directories(path);
+  }
+  ~TempDir() { std::error_code ec; fs::remove_all(path, ec); }
+};
+
+// "eval_loss X" values in the order printed.
+std::vector<double> eval_losses(const std::string& out) {
+  std::vector<double> v;
+  std::regex re("eval_loss ([0-9.]+)");
+  for (std::sregex_iterator it(out.begin(), out.end(), re), end; it != end; ++it) v.push_back(std::stod((*it)[1]));
+  return v;
+}
+
+void expect_one_line_error(const Run& r, const std::string& needle) {
+  EXPECT_EQ(r.code, 2) << r.out;
+  int error_lines = 0;
+  std::string last;
+  std::istringstream in(r.out);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("error: ", 0) == 0) ++error_lines, last = line;
+  EXPECT_EQ(error_lines, 1) << r.out;
+  EXPECT_NE(last.find(needle), std::string::npos) << "wanted '" << needle << "' in: " << r.out;
+}
+
+}  // namespace
+
+TEST(TrainGpt2, LossFallsOnTheCorpusAndTheHfDirectoryLoadsBack) {
+  if (!assets_present()) GTEST_SKIP() << "assets not fetched (scripts/fetch_assets.sh)";
+  TempDir tmp;
+  // configs/gpt2_tiny.json made smaller (one layer, 64-token blocks) to keep the test short.
+  std::ofstream(tmp.path / "c.json") << R"({
+    "train_batch_size": 8, "gradient_clipping": 1.0,
+    "optimizer": {"type": "AdamW", "params": {"lr": 2e-3, "weight_decay": 0.01}},
+    "model": {"model_type": "gpt2", "n_positions": 64, "n_embd": 64, "n_layer": 1, "n_head": 2},
+    "data": {"train_files": [".cache/assets/corpus/sherlock.txt"], "vocab_file": ".cache/assets/gpt2/encoder.json",
+             "max_seq_length": 64, "eval_fraction": 0.02, "eval_batches": 2}})";
+  const std::string common = kGpt2 + " --config " + (tmp.path / "c.json").string() +
+                             " --no_progress_bar --num_threads 2 --log_interval 10 --save_interval 0 --experiments_dir " +
+                             (tmp.path / "exp").string();
+  auto r = run(common + " --save_dir " + (tmp.path / "ckpt").string() + " --max_steps 30 --eval_interval 15 --save_hf " + (tmp.path / "hf").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto losses = eval_losses(r.out);
+  ASSERT_GE(losses.size(), 2u) << r.out;
+  std::printf("eval loss %.3f -> %.3f\n", losses.front(), losses.back());
+  EXPECT_LT(losses.back(), losses.front() - 0.3) << r.out;
+  ASSERT_TRUE(fs::exists(tmp.path / "hf" / "model.safetensors"));
+  ASSERT_TRUE(fs::exists(tmp.path / "hf" / "config.json"));
+  // Starting from the saved weights: the first evaluation is already near the trained loss.
+  auto again = run(common + " --max_steps 1 --eval_interval 1 --experiment_name again --save_dir " +
+                   (tmp.path / "ckpt2").string() + " --init_from " + (tmp.path / "hf").string());
+  ASSERT_EQ(again.code, 0) << again.out;
+  auto resumed = eval_losses(again.out);
+  ASSERT_FALSE(resumed.empty()) << again.out;
+  EXPECT_LT(resumed.front(), losses.front() - 0.3) << again.out;
+}
+
+TEST(TrainGpt2, BadInputIsOneLineExitTwo) {
+  TempDir tmp;
+  expect_one_line_error(run(kGpt2 + " --config configs/bert_tiny.json"), "train_gpt2 trains gpt2 models");
+  std::ofstream(tmp.path / "c.json") << R"({"train_batch_size": 8, "model": {"model_type": "gpt2", "n_embd": 30, "n_head": 4}})";
+  expect_one_line_error(run(kGpt2 + " --config " + (tmp.path / "c.json").string()), "'n_embd' (30) must be divisible by n_head (4)");
+  if (!assets_present()) return;
+  expect_one_line_error(run(kGpt2 + " --config configs/gpt2_tiny.json --init_from " + (tmp.path / "nowhere").string()),
+                        "nowhere/config.json: cannot read");
+}
