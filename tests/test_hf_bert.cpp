@@ -171,6 +171,20 @@ TEST_P(HfBertTest, CheckpointWithHfExtrasLoads) {
   EXPECT_TRUE(torch::equal(logits_of(model, in), logits_of(loaded, in)));
 }
 
+// hidden_act relu: BERT's head transform follows it, RoBERTa's lm_head applies gelu regardless.
+TEST_P(HfBertTest, HeadActivationMatchesHfWithReluHiddenAct) {
+  if (!testing::python_torch_available()) GTEST_SKIP() << "/usr/bin/python3 with torch not available";
+  auto cfg = tiny(GetParam());
+  cfg.hidden_act = "relu";
+  auto model = random_model(cfg, 3);
+  model->save_pretrained(sub("m"));
+  const auto inputs = padded_inputs(cfg);
+  std::string error;
+  const auto ref = testing::python_reference(sub("m"), inputs, &error);
+  ASSERT_TRUE(error.empty()) << error;
+  EXPECT_LT((logits_of(model, inputs) - get(ref, "logits")).abs().max().item<double>(), 1e-4);
+}
+
 INSTANTIATE_TEST_SUITE_P(Family, HfBertTest, ::testing::Values("bert", "roberta"),
                          [](const auto& info) { return info.param; });
 

@@ -165,7 +165,8 @@ at::Tensor BertModelImpl::forward(const at::Tensor& input_ids, const at::Tensor&
 }
 
 BertLMHeadImpl::BertLMHeadImpl(const ModelConfig& cfg, const at::Tensor& word_embeddings)
-    : decoder_weight_(word_embeddings), act_(cfg.hidden_act) {
+    // HF's RobertaLMHead applies gelu whatever hidden_act says; BERT's head uses hidden_act.
+    : decoder_weight_(word_embeddings), act_(is_roberta(cfg) ? "gelu" : cfg.hidden_act) {
   dense = torch::nn::Linear(cfg.hidden_size, cfg.hidden_size);
   LayerNorm = layer_norm(cfg);
   if (is_roberta(cfg)) {
