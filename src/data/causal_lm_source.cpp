@@ -13,12 +13,8 @@ Batch CausalLmBatchSource::make_batch(const std::vector<int64_t>& indices, int64
   const int64_t b = static_cast<int64_t>(indices.size()), l = dataset_.seq_length();
   auto ids = torch::empty({b, l}, torch::kLong);
   auto* out = ids.data_ptr<int64_t>();
-  for (int64_t r = 0; r < b; ++r) {
-    const int64_t i = indices[static_cast<size_t>(r)];
-    PT_CHECK(i >= 0 && i < size(), "sample index ", i, " out of range ", size());
-    const auto& s = dataset_.sample(subset_[static_cast<size_t>(i)]);
-    std::copy(s.begin(), s.end(), out + r * l);
-  }
+  const auto g = dataset_.gather(subset_, indices);
+  for (int64_t r = 0; r < b; ++r) std::copy(g.samples[r]->begin(), g.samples[r]->end(), out + r * l);
   Batch batch;
   batch.set("input_ids", ids);
   batch.set("attention_mask", torch::ones_like(ids));

@@ -121,6 +121,21 @@ TokenBlockDataset TokenBlockDataset::from_token_stream(const std::vector<int64_t
   return ds;
 }
 
+TokenBlockDataset::Gathered TokenBlockDataset::gather(const std::vector<int64_t>& subset,
+                                                      const std::vector<int64_t>& indices) const {
+  Gathered out;
+  out.samples.reserve(indices.size());
+  out.dataset_indices.reserve(indices.size());
+  const auto n = static_cast<int64_t>(subset.size());
+  for (int64_t i : indices) {
+    PT_CHECK(i >= 0 && i < n, "sample index ", i, " out of range ", n);
+    const int64_t g = subset[static_cast<size_t>(i)];
+    out.samples.push_back(&sample(g));
+    out.dataset_indices.push_back(g);
+  }
+  return out;
+}
+
 const std::vector<int64_t>& TokenBlockDataset::sample(int64_t i) const {
   PT_CHECK(i >= 0 && i < size(), "sample index ", i, " outside [0, ", size(), ")");
   return samples_[static_cast<size_t>(i)];

@@ -38,6 +38,13 @@ class TokenBlockDataset {
   /// Sample i: [CLS] + max_seq_length - 2 token ids + [SEP].
   const std::vector<int64_t>& sample(int64_t i) const;
   int64_t seq_length() const { return seq_length_; }
+  /// What a BatchSource over `subset` of this dataset reads for its sample `indices`: the
+  /// samples and their indices in the whole dataset (which keys per-sample randomness).
+  struct Gathered {
+    std::vector<const std::vector<int64_t>*> samples;
+    std::vector<int64_t> dataset_indices;
+  };
+  Gathered gather(const std::vector<int64_t>& subset, const std::vector<int64_t>& indices) const;
   /// Tokens in the packed stream, including the dropped tail.
   int64_t num_tokens() const { return num_tokens_; }
 

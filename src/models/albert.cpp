@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "models/fused_lm_loss.h"
 #include "models/hf_config.h"
+#include "models/hf_layers.h"
 #include "models/hf_pretrained.h"
 
 namespace polytrain {
@@ -21,33 +22,13 @@ using nlohmann::json;
 
 namespace {
 
-const char* const kActivations = "gelu, gelu_new, gelu_pytorch_tanh, gelu_fast, relu, silu, swish, tanh";
-
-bool supported_activation(const std::string& a) {
-  return a == "gelu" || a == "gelu_new" || a == "gelu_pytorch_tanh" || a == "gelu_fast" || a == "relu" ||
-         a == "silu" || a == "swish" || a == "tanh";
-}
-
-// transformers' ACT2FN; gelu_new and gelu_fast are the tanh approximation (same function,
-// equal to rounding).
-at::Tensor activation(const std::string& a, const at::Tensor& x) {
-  if (a == "gelu") return torch::gelu(x);
-  if (a == "gelu_new" || a == "gelu_pytorch_tanh" || a == "gelu_fast") return torch::gelu(x, "tanh");
-  if (a == "relu") return torch::relu(x);
-  if (a == "silu" || a == "swish") return torch::silu(x);
-  if (a == "tanh") return torch::tanh(x);
-  throw InputError("model.hidden_act: unsupported activation '" + a + "' (supported: " + kActivations + ")");
-}
+at::Tensor activation(const std::string& a, const at::Tensor& x) { return hf_activation(a, x); }
 
 torch::nn::LayerNorm layer_norm(int64_t size, double eps) {
   return torch::nn::LayerNorm(torch::nn::LayerNormOptions({size}).eps(eps));
 }
 
-// LayerNorm in its weights' type (fp32 under autocast), as models/bert.cpp does.
-at::Tensor norm(torch::nn::LayerNorm& ln, const at::Tensor& x) {
-  const auto t = ln->weight.scalar_type();
-  return ln(x.scalar_type() == t ? x : x.to(t));
-}
+at::Tensor norm(torch::nn::LayerNorm& ln, const at::Tensor& x) { return norm_in_weight_dtype(ln, x); }
 
 bool names_architecture(const json& j, const std::string& arch) {
   auto it = j.find("architectures");
@@ -99,8 +80,8 @@ AlbertConfig albert_config_from_json(const json& j, const std::string& origin) {
   if (c.num_hidden_layers % c.num_hidden_groups != 0)
     r.fail("num_hidden_groups", "(" + std::to_string(c.num_hidden_groups) + ") must divide num_hidden_layers (" +
                                     std::to_string(c.num_hidden_layers) + ")");
-  if (!supported_activation(c.hidden_act))
-    r.fail("hidden_act", "'" + c.hidden_act + "' is not supported (supported: " + kActivations + ")");
+  if (!is_hf_activation(c.hidden_act))
+    r.fail("hidden_act", "'" + c.hidden_act + "' is not supported (supported: " + hf_activation_names() + ")");
   if (!(c.layer_norm_eps > 0.0)) r.fail("layer_norm_eps", "must be > 0, got " + std::to_string(c.layer_norm_eps));
   if (!(c.initializer_range >= 0.0))
     r.fail("initializer_range", "must be >= 0, got " + std::to_string(c.initializer_range));
@@ -201,7 +182,7 @@ AlbertLayerImpl::AlbertLayerImpl(const AlbertConfig& cfg) : act_(cfg.hidden_act)
   attention = register_module("attention", AlbertAttention(cfg));
   ffn = register_module("ffn", torch::nn::Linear(cfg.hidden_size, cfg.intermediate_size));
   ffn_output = register_module("ffn_output", torch::nn::Linear(cfg.intermediate_size, cfg.hidden_size));
-  activation(act_, torch::zeros({1}));  // an unsupported activation fails at build time
+  check_hf_activation(act_);  // an unsupported activation fails at build time
 }
 
 at::Tensor AlbertLayerImpl::forward(const at::Tensor& x, const at::Tensor& additive_mask) {
@@ -293,8 +274,7 @@ at::Tensor AlbertMLMHeadImpl::forward(const at::Tensor& hidden) {
 // ---- the model -----------------------------------------------------------------------------------
 
 AlbertForMaskedLMImpl::AlbertForMaskedLMImpl(const AlbertConfig& cfg) : config_(cfg) {
-  PT_INPUT_CHECK(supported_activation(cfg.hidden_act), "model.hidden_act: unsupported activation '",
-                 cfg.hidden_act, "' (supported: ", kActivations, ")");
+  check_hf_activation(cfg.hidden_act);
   PT_INPUT_CHECK(cfg.hidden_size % cfg.num_attention_heads == 0, "model.hidden_size (", cfg.hidden_size,
                  ") must be divisible by model.num_attention_heads (", cfg.num_attention_heads, ")");
   albert = register_module("albert", AlbertModel(cfg, cfg.sentence_order_prediction));
@@ -312,19 +292,8 @@ AlbertForMaskedLMImpl::AlbertForMaskedLMImpl(const AlbertConfig& cfg) : config_(
 void AlbertForMaskedLMImpl::set_activation_checkpointing(bool on) { albert->encoder->checkpoint_layers = on; }
 
 void AlbertForMaskedLMImpl::init_weights(double std) {
+  init_hf_weights(*this, std);
   torch::NoGradGuard no_grad;
-  for (auto& m : modules(/*include_self=*/false)) {
-    if (auto* lin = m->as<torch::nn::Linear>()) {
-      lin->weight.normal_(0.0, std);
-      if (lin->bias.defined()) lin->bias.zero_();
-    } else if (auto* emb = m->as<torch::nn::Embedding>()) {
-      emb->weight.normal_(0.0, std);
-      if (emb->options.padding_idx()) emb->weight[*emb->options.padding_idx()].zero_();
-    } else if (auto* ln = m->as<torch::nn::LayerNorm>()) {
-      ln->weight.fill_(1.0);
-      ln->bias.zero_();
-    }
-  }
   if (!config_.tie_word_embeddings) predictions->decoder_weight_.normal_(0.0, std);
   predictions->bias.zero_();
 }

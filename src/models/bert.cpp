@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "models/activation_checkpoint.h"
 #include "models/fused_lm_loss.h"
+#include "models/hf_layers.h"
 #include "models/hf_pretrained.h"
 
 namespace polytrain {
@@ -21,25 +22,14 @@ namespace F = torch::nn::functional;
 namespace {
 bool is_roberta(const ModelConfig& cfg) { return cfg.model_type == "roberta"; }
 
-at::Tensor activation(const std::string& act, const at::Tensor& x) {
-  if (act == "gelu") return torch::gelu(x);
-  if (act == "gelu_new" || act == "gelu_pytorch_tanh") return torch::gelu(x, "tanh");
-  if (act == "relu") return torch::relu(x);
-  throw InputError("model.hidden_act: unsupported activation '" + act +
-                   "' (supported: gelu, gelu_new, gelu_pytorch_tanh, relu)");
-}
+at::Tensor activation(const std::string& act, const at::Tensor& x) { return hf_activation(act, x); }
 
 torch::nn::LayerNorm layer_norm(const ModelConfig& cfg) {
   return torch::nn::LayerNorm(
       torch::nn::LayerNormOptions({cfg.hidden_size}).eps(cfg.layer_norm_eps));
 }
 
-// LayerNorm in its weights' type (fp32 under fp16/bf16 autocast, as autocast's fp32 list does
-// on CUDA; LibTorch 1.13's CPU kernel rejects a bf16 input with fp32 weights).
-at::Tensor norm(torch::nn::LayerNorm& ln, const at::Tensor& x) {
-  const auto t = ln->weight.scalar_type();
-  return ln(x.scalar_type() == t ? x : x.to(t));
-}
+at::Tensor norm(torch::nn::LayerNorm& ln, const at::Tensor& x) { return norm_in_weight_dtype(ln, x); }
 
 }  // namespace
 
@@ -115,7 +105,7 @@ at::Tensor BertAttentionImpl::forward(const at::Tensor& x, const at::Tensor& add
 
 BertIntermediateImpl::BertIntermediateImpl(const ModelConfig& cfg) : act_(cfg.hidden_act) {
   dense = register_module("dense", torch::nn::Linear(cfg.hidden_size, cfg.intermediate_size));
-  activation(act_, torch::zeros({1}));  // reject an unsupported activation at build time
+  check_hf_activation(act_);  // reject an unsupported activation at build time
 }
 
 at::Tensor BertIntermediateImpl::forward(const at::Tensor& x) { return activation(act_, dense(x)); }
@@ -209,19 +199,8 @@ BertForMaskedLMImpl::BertForMaskedLMImpl(const ModelConfig& cfg)
 void BertForMaskedLMImpl::set_activation_checkpointing(bool on) { encoder_model->encoder->checkpoint_layers = on; }
 
 void BertForMaskedLMImpl::init_weights(double std) {
+  init_hf_weights(*this, std);
   torch::NoGradGuard no_grad;
-  for (auto& m : modules(/*include_self=*/false)) {
-    if (auto* lin = m->as<torch::nn::Linear>()) {
-      lin->weight.normal_(0.0, std);
-      if (lin->bias.defined()) lin->bias.zero_();
-    } else if (auto* emb = m->as<torch::nn::Embedding>()) {
-      emb->weight.normal_(0.0, std);
-      if (emb->options.padding_idx()) emb->weight[*emb->options.padding_idx()].zero_();
-    } else if (auto* ln = m->as<torch::nn::LayerNorm>()) {
-      ln->weight.fill_(1.0);
-      ln->bias.zero_();
-    }
-  }
   lm_head->bias.zero_();
 }
 

@@ -9,6 +9,7 @@
 #include "common/error.h"
 #include "models/fused_lm_loss.h"
 #include "models/hf_config.h"
+#include "models/hf_layers.h"
 #include "models/hf_pretrained.h"
 
 namespace polytrain {
@@ -18,24 +19,14 @@ namespace F = torch::nn::functional;
 namespace {
 
 at::Tensor activation(const std::string& act, const at::Tensor& x) {
-  if (act == "gelu_new" || act == "gelu_pytorch_tanh" || act == "gelu_fast") return torch::gelu(x, "tanh");
-  if (act == "gelu") return torch::gelu(x);
-  if (act == "relu") return torch::relu(x);
-  if (act == "silu" || act == "swish") return torch::silu(x);
-  if (act == "tanh") return torch::tanh(x);
-  throw InputError("model.activation_function: unsupported activation '" + act +
-                   "' (supported: gelu_new, gelu_pytorch_tanh, gelu_fast, gelu, relu, silu, swish, tanh)");
+  return hf_activation(act, x, "model.activation_function");
 }
 
 torch::nn::LayerNorm layer_norm(const Gpt2Config& cfg) {
   return torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.n_embd}).eps(cfg.layer_norm_epsilon));
 }
 
-// LayerNorm in its weights' type (fp32 under autocast; see bert.cpp's norm()).
-at::Tensor norm(torch::nn::LayerNorm& ln, const at::Tensor& x) {
-  const auto t = ln->weight.scalar_type();
-  return ln(x.scalar_type() == t ? x : x.to(t));
-}
+at::Tensor norm(torch::nn::LayerNorm& ln, const at::Tensor& x) { return norm_in_weight_dtype(ln, x); }
 
 }  // namespace
 
@@ -52,7 +43,7 @@ Gpt2Config gpt2_config_from_json(const nlohmann::json& j, const std::string& ori
   c.n_inner = r.get<int64_t>("n_inner", 0);
   if (c.n_inner < 0) r.fail("n_inner", "must be > 0 or null, got " + std::to_string(c.n_inner));
   c.activation_function = r.get<std::string>("activation_function", c.activation_function);
-  activation(c.activation_function, torch::zeros({1}));  // unknown names fail here, not mid-run
+  check_hf_activation(c.activation_function, "model.activation_function");  // here, not mid-run
   c.resid_pdrop = r.probability("resid_pdrop", c.resid_pdrop);
   c.embd_pdrop = r.probability("embd_pdrop", c.embd_pdrop);
   c.attn_pdrop = r.probability("attn_pdrop", c.attn_pdrop);

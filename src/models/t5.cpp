@@ -11,6 +11,7 @@
 #include <torch/torch.h>
 
 #include "common/error.h"
+#include "models/hf_layers.h"
 #include "models/hf_pretrained.h"
 #include "models/safetensors.h"
 
@@ -21,13 +22,7 @@ namespace F = torch::nn::functional;
 namespace {
 
 at::Tensor activation(const std::string& act, const at::Tensor& x) {
-  if (act == "relu") return torch::relu(x);
-  if (act == "gelu") return torch::gelu(x);
-  if (act == "gelu_new" || act == "gelu_pytorch_tanh") return torch::gelu(x, "tanh");
-  if (act == "gelu_fast") return 0.5 * x * (1.0 + torch::tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)));
-  if (act == "silu" || act == "swish") return torch::silu(x);
-  if (act == "tanh") return torch::tanh(x);
-  throw InputError("model.feed_forward_proj: unsupported activation '" + act + "'");
+  return hf_activation(act, x, "model.feed_forward_proj");
 }
 
 // torch.finfo(dtype).min: HF's "masked" value, added to the scores (not -inf: a fully padded row
@@ -157,7 +152,7 @@ T5LayerFFImpl::T5LayerFFImpl(const T5Config& cfg) : act_(cfg.dense_act_fn()), ga
   register_module("DenseReluDense", dense);
   layer_norm = register_module("layer_norm", T5LayerNorm(cfg.d_model, cfg.layer_norm_epsilon));
   dropout = register_module("dropout", torch::nn::Dropout(cfg.dropout_rate));
-  activation(act_, torch::zeros({1}));  // an unsupported activation fails at build time
+  check_hf_activation(act_, "model.feed_forward_proj");  // fails at build time, not mid-run
 }
 
 at::Tensor T5LayerFFImpl::forward(const at::Tensor& x) {

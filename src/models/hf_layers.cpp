@@ -1,0 +1,56 @@
+#include "models/hf_layers.h"
+
+#include <torch/torch.h>
+
+#include "common/error.h"
+
+namespace polytrain {
+
+const char* hf_activation_names() {
+  return "gelu, gelu_new, gelu_pytorch_tanh, gelu_fast, relu, silu, swish, tanh";
+}
+
+bool is_hf_activation(const std::string& a) {
+  return a == "gelu" || a == "gelu_new" || a == "gelu_pytorch_tanh" || a == "gelu_fast" || a == "relu" ||
+         a == "silu" || a == "swish" || a == "tanh";
+}
+
+void check_hf_activation(const std::string& name, const char* key) {
+  PT_INPUT_CHECK(is_hf_activation(name), key, ": unsupported activation '", name, "' (supported: ",
+                 hf_activation_names(), ")");
+}
+
+at::Tensor hf_activation(const std::string& a, const at::Tensor& x, const char* key) {
+  if (a == "gelu") return torch::gelu(x);
+  if (a == "gelu_new" || a == "gelu_pytorch_tanh") return torch::gelu(x, "tanh");
+  // FastGELUActivation: the tanh approximation with its own constant folding.
+  if (a == "gelu_fast") return 0.5 * x * (1.0 + torch::tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)));
+  if (a == "relu") return torch::relu(x);
+  if (a == "silu" || a == "swish") return torch::silu(x);
+  if (a == "tanh") return torch::tanh(x);
+  check_hf_activation(a, key);
+  return x;  // unreachable
+}
+
+at::Tensor norm_in_weight_dtype(torch::nn::LayerNorm& ln, const at::Tensor& x) {
+  const auto t = ln->weight.scalar_type();
+  return ln(x.scalar_type() == t ? x : x.to(t));
+}
+
+void init_hf_weights(torch::nn::Module& model, double std) {
+  torch::NoGradGuard no_grad;
+  for (auto& m : model.modules(/*include_self=*/false)) {
+    if (auto* lin = m->as<torch::nn::Linear>()) {
+      lin->weight.normal_(0.0, std);
+      if (lin->bias.defined()) lin->bias.zero_();
+    } else if (auto* emb = m->as<torch::nn::Embedding>()) {
+      emb->weight.normal_(0.0, std);
+      if (emb->options.padding_idx()) emb->weight[*emb->options.padding_idx()].zero_();
+    } else if (auto* ln = m->as<torch::nn::LayerNorm>()) {
+      ln->weight.fill_(1.0);
+      ln->bias.zero_();
+    }
+  }
+}
+
+}  // namespace polytrain
