@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "helpers/process.h"
 #include "common/atomic_file.h"
 #include "common/error.h"
 #include "models/safetensors.h"
@@ -213,15 +214,7 @@ TEST_F(SafetensorsTest, CorruptFilesAreInputErrors) {
 
 // ---- independent check through /usr/bin/python3 -----------------------------------------
 
-int run(const std::string& cmd, std::string* out) {
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return -1;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out->append(buf, n);
-  const int status = ::pclose(p);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+int run(const std::string& cmd, std::string* out) { return polytrain::testing::run_command(cmd, out); }
 
 bool python_has_torch() {
   std::string out;

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "helpers/process.h"
 #include "common/atomic_file.h"
 #include "common/crc32c.h"
 #include "common/error.h"
@@ -224,15 +225,7 @@ TEST_F(TensorBoardTest, LogDirThatIsAFileIsInputError) {
 }
 
 // Runs cmd, returns its exit status and stdout.
-int run(const std::string& cmd, std::string* out) {
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return -1;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out->append(buf, n);
-  const int status = ::pclose(p);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+int run(const std::string& cmd, std::string* out) { return polytrain::testing::run_command(cmd, out); }
 
 void check_with_python(const std::string& dir, const std::string& decoder,
                        const std::string& path) {

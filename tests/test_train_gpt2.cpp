@@ -2,28 +2,17 @@
 // directory it writes loads back (--init_from), and bad input -> one `error:` line, exit 2.
 #include <gtest/gtest.h>
 
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <regex>
-#include <sstream>
 
-#include "helpers/process.h"
+#include "helpers/program.h"
 
 namespace fs = std::filesystem;
+using polytrain::testing::expect_one_line_error;
 
 namespace {
 
-struct Run {
-  int code;
-  std::string out;
-};
-
-Run run(const std::string& cmd) {
-  Run r{0, ""};
-  r.code = polytrain::testing::run_command("cd " POLYTRAIN_SOURCE_DIR " && " + cmd + " 2>&1", &r.out);
-  return r;
-}
+polytrain::testing::ProgramRun run(const std::string& cmd) { return polytrain::testing::run_program(cmd); }
 
 const std::string kGpt2 = POLYTRAIN_BINARY_DIR "/train_gpt2";
 
@@ -31,33 +20,11 @@ bool assets_present() {
   return fs::exists(fs::path(POLYTRAIN_SOURCE_DIR) / ".cache/assets/gpt2/encoder.json");
 }
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("pt_tgpt2_" + std::to_string(::getpid()));
-    fs::create_directories(path);
-  }
-  ~TempDir() { std::error_code ec; fs::remove_all(path, ec); }
+struct TempDir : polytrain::testing::ScratchDir {
+  TempDir() : ScratchDir("pt_tgpt2") {}
 };
 
-// "eval_loss X" values in the order printed.
-std::vector<double> eval_losses(const std::string& out) {
-  std::vector<double> v;
-  std::regex re("eval_loss ([0-9.]+)");
-  for (std::sregex_iterator it(out.begin(), out.end(), re), end; it != end; ++it) v.push_back(std::stod((*it)[1]));
-  return v;
-}
-
-void expect_one_line_error(const Run& r, const std::string& needle) {
-  EXPECT_EQ(r.code, 2) << r.out;
-  int error_lines = 0;
-  std::string last;
-  std::istringstream in(r.out);
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("error: ", 0) == 0) ++error_lines, last = line;
-  EXPECT_EQ(error_lines, 1) << r.out;
-  EXPECT_NE(last.find(needle), std::string::npos) << "wanted '" << needle << "' in: " << r.out;
-}
+std::vector<double> eval_losses(const std::string& out) { return polytrain::testing::numbers_after(out, "eval_loss"); }
 
 }  // namespace
 

@@ -3,31 +3,20 @@
 // one `error:` line, exit 2.
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <regex>
-#include <sstream>
 
 #include "data/sentencepiece_tokenizer.h"
-#include "helpers/process.h"
+#include "helpers/program.h"
 
 namespace fs = std::filesystem;
+using polytrain::testing::expect_one_line_error;
+using polytrain::testing::numbers_after;
+using RunResult = polytrain::testing::ProgramRun;
 
 namespace {
 
-struct RunResult {
-  int code;
-  std::string out;
-};
-
-RunResult run(const std::string& cmd) {
-  RunResult r{0, ""};
-  r.code = polytrain::testing::run_command("cd " POLYTRAIN_SOURCE_DIR " && " + cmd + " 2>&1", &r.out);
-  return r;
-}
+RunResult run(const std::string& cmd) { return polytrain::testing::run_program(cmd); }
 
 const std::string kT5 = POLYTRAIN_BINARY_DIR "/train_t5";
 
@@ -36,25 +25,9 @@ bool assets_present() {
          fs::exists(fs::path(POLYTRAIN_SOURCE_DIR) / ".cache/assets/corpus/sherlock.txt");
 }
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("pt_tt5_" + std::to_string(::getpid()));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+struct TempDir : polytrain::testing::ScratchDir {
+  TempDir() : ScratchDir("pt_tt5") {}
 };
-
-// The numbers after `key` in the order printed ("eval_loss 7.1", "| loss 8.2 |").
-std::vector<double> numbers_after(const std::string& out, const std::string& key) {
-  std::vector<double> v;
-  const std::regex re(key + " ([0-9.]+)");
-  for (std::sregex_iterator it(out.begin(), out.end(), re), end; it != end; ++it) v.push_back(std::stod((*it)[1]));
-  return v;
-}
 
 }  // namespace
 
@@ -90,23 +63,13 @@ TEST(TrainT5, LossFallsOnTheCorpus) {
 
 TEST(TrainT5, BadInputIsOneLineExitTwo) {
   TempDir tmp;
-  auto expect_error = [](const RunResult& r, const std::string& needle) {
-    EXPECT_EQ(r.code, 2) << r.out;
-    int error_lines = 0;
-    std::string last;
-    std::istringstream in(r.out);
-    for (std::string line; std::getline(in, line);)
-      if (line.rfind("error: ", 0) == 0) ++error_lines, last = line;
-    EXPECT_EQ(error_lines, 1) << r.out;
-    EXPECT_NE(last.find(needle), std::string::npos) << "wanted '" << needle << "' in: " << r.out;
-  };
-  expect_error(run(kT5 + " --config configs/bert_tiny.json"), "train_t5 trains t5 models");
-  expect_error(run(kT5 + " --config configs/t5_small.json --spm_model " + (tmp.path / "none.model").string()),
+  expect_one_line_error(run(kT5 + " --config configs/bert_tiny.json"), "train_t5 trains t5 models");
+  expect_one_line_error(run(kT5 + " --config configs/t5_small.json --spm_model " + (tmp.path / "none.model").string()),
                "none.model");
   if (!polytrain::SentencePieceTokenizer::available() || !assets_present()) return;
-  expect_error(run(kT5 + " --config configs/t5_small.json --noise_density 1.5"), "noise_density must be in (0, 1)");
+  expect_one_line_error(run(kT5 + " --config configs/t5_small.json --noise_density 1.5"), "noise_density must be in (0, 1)");
   std::ofstream(tmp.path / "c.json") << R"({"train_batch_size": 8, "model": {"model_type": "t5", "vocab_size": 8000},
     "data": {"train_files": [".cache/assets/corpus/sherlock.txt"]}})";
-  expect_error(run(kT5 + " --config " + (tmp.path / "c.json").string()),
+  expect_one_line_error(run(kT5 + " --config " + (tmp.path / "c.json").string()),
                "model.vocab_size 8000 is smaller than the vocabulary of");
 }
