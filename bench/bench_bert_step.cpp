@@ -16,7 +16,7 @@
 
 #include "common/config.h"
 #include "models/bert.h"
-#include "parallel/single/single_backend.h"
+#include "parallel/update.h"
 #include "trainer/optimizers.h"
 
 using namespace polytrain;
@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
   std::vector<std::pair<std::string, torch::Tensor>> named;
   std::vector<at::Tensor> params;
   for (auto& p : model->named_parameters()) named.emplace_back(p.key(), p.value()), params.push_back(p.value());
-  auto opt = make_optimizer(oc, named);
+  auto opt = make_torch_optimizer(oc, named);
   auto ids = torch::randint(1000, mc.vocab_size, {batch, 128}, torch::kLong);
   auto labels = torch::where(torch::rand({batch, 128}) < 0.15, ids, torch::full_like(ids, -100));
   auto am = torch::ones_like(ids), tt = torch::zeros_like(ids);

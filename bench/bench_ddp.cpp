@@ -69,8 +69,8 @@ int bench_step(int argc, char** argv) {
   auto labels = torch::where(torch::rand({micro, 128}) < 0.15, ids, torch::full_like(ids, -100));
   auto am = torch::ones_like(ids), tt = torch::zeros_like(ids);
   auto one = [&] {
-    backend->backward(model->forward(ids, am, tt, labels).loss);
-    backend->step(1e-4, std::nullopt, 1.0);
+    backend->backward(model->forward(ids, am, tt, labels).loss, MicroStep{micro, true});
+    backend->step(StepRequest{1e-4, std::nullopt, 1.0}, 0);
   };
   one();  // warm-up
   const double exposed0 = ddp ? ddp->exposed_comm_seconds() : 0.0;

@@ -11,7 +11,7 @@
 #include "common/config.h"
 #include "models/activation_checkpoint.h"
 #include "models/bert.h"
-#include "trainer/autocast.h"
+#include "common/autocast.h"
 
 namespace polytrain {
 namespace {

@@ -76,12 +76,12 @@ TEST(DdpBackend, OnlyTheBoundaryMicroStepCommunicates) {
   auto x = torch::randn({3, 64});
   for (int step = 0; step < 2; ++step) {
     for (int m = 0; m < 4; ++m) {
-      ddp.backward(net->forward(x) / 4.0);
+      ddp.backward(net->forward(x) / 4.0, MicroStep{3, m == 3});
       // At the boundary, a.weight's bucket goes out during backward; the other waits for
       // step() because `unused` never gets a gradient (find_unused_parameters).
       EXPECT_EQ(count, step * 2 + (m == 3 ? 1 : 0)) << "step " << step << " micro " << m;
     }
-    ddp.step(0.1, std::nullopt, 1.0);
+    ddp.step(StepRequest{0.1, std::nullopt, 1.0}, 0);
     EXPECT_EQ(count, (step + 1) * 2);
     EXPECT_EQ(net->a->weight.grad().abs().sum().item<double>(), 0.0);  // cleared, still a view
   }
@@ -97,8 +97,8 @@ TEST(DdpBackend, GradientsAccumulateLikeOneProcess) {
   DdpBackend ddp(cfg, std::make_unique<CountingComm>(&count));
   ddp.prepare(net, cfg);
   auto x1 = torch::randn({3, 64}), x2 = torch::randn({5, 64});
-  ddp.backward(net->forward(x1) / 2.0);
-  ddp.backward(net->forward(x2) / 2.0);
+  ddp.backward(net->forward(x1) / 2.0, MicroStep{3, false});
+  ddp.backward(net->forward(x2) / 2.0, MicroStep{5, true});
   (ref->forward(x1) / 2.0).backward();
   (ref->forward(x2) / 2.0).backward();
   EXPECT_TRUE(torch::allclose(net->a->weight.grad(), ref->a->weight.grad()));
@@ -111,9 +111,9 @@ TEST(DdpBackend, UnusedParameterIsAnErrorUnlessAllowed) {
   DdpBackend ddp(cfg, std::make_unique<CountingComm>(&count));
   auto net = std::make_shared<Net>();
   ddp.prepare(net, cfg);
-  ddp.backward(net->forward(torch::randn({2, 64})));
+  ddp.backward(net->forward(torch::randn({2, 64})), MicroStep{2, true});
   try {
-    ddp.step(0.1, std::nullopt, 1.0);
+    ddp.step(StepRequest{0.1, std::nullopt, 1.0}, 0);
     FAIL() << "expected an error";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("parameter 'unused."), std::string::npos)

@@ -10,11 +10,12 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "common/autocast.h"
 #include "common/config.h"
 #include "common/error.h"
-#include "parallel/single/single_backend.h"
-#include "trainer/autocast.h"
+#include "parallel/update.h"
 #include "trainer/loss_scaler.h"
+#include "trainer/optimizers.h"
 
 namespace polytrain {
 namespace {
@@ -130,15 +131,23 @@ TEST(LossScaler, BackendsUnscaleBeforeNormClipAndStep) {
   const auto g = torch::randn({5, 3});
   p1.mutable_grad() = g.clone();
   p2.mutable_grad() = g * 1024.0;
-  torch::optim::SGD o1({p1}, torch::optim::SGDOptions(0.1)), o2({p2}, torch::optim::SGDOptions(0.1));
-  const auto r1 = apply_update({p1}, o1, /*clip=*/0.5, 0.1, std::nullopt, 1.0);
-  const auto r2 = apply_update({p2}, o2, /*clip=*/0.5, 0.1, std::nullopt, 1024.0);
+  OptimizerConfig sgd;
+  sgd.type = "SGD";
+  sgd.lr = 0.1;
+  auto o1 = make_optimizer(sgd, {ParamGroup{{{"p", p1}}, 0.0}}), o2 = make_optimizer(sgd, {ParamGroup{{{"p", p2}}, 0.0}});
+  auto opts = [](double loss_scale) {
+    UpdateOptions o;
+    o.lr = 0.1, o.clip = 0.5, o.grad_scale = 1.0 / loss_scale;
+    return o;
+  };
+  const auto r1 = apply_update({p1}, *o1, opts(1.0));
+  const auto r2 = apply_update({p2}, *o2, opts(1024.0));
   EXPECT_TRUE(r1.applied && r2.applied);
   EXPECT_EQ(r1.grad_norm, r2.grad_norm);
   EXPECT_TRUE(torch::equal(p1, p2));
   p2.mutable_grad() = torch::full({5, 3}, std::numeric_limits<float>::infinity());
   const auto before = p2.detach().clone();
-  EXPECT_FALSE(apply_update({p2}, o2, 0.5, 0.1, std::nullopt, 1024.0).applied);
+  EXPECT_FALSE(apply_update({p2}, *o2, opts(1024.0)).applied);
   EXPECT_TRUE(torch::equal(p2, before));
 }
 

@@ -16,7 +16,7 @@
 #include "helpers/hf_parity.h"
 #include "models/safetensors.h"
 #include "models/t5.h"
-#include "trainer/autocast.h"
+#include "common/autocast.h"
 
 namespace polytrain {
 namespace {

@@ -81,6 +81,8 @@ void add_config_flags(CLI::App& app, ConfigFlags& flags) {
   add_switch(app, flags, "--save_safetensors", trainer("save_safetensors"), true,
              "also write model.safetensors with checkpoints");
   add_switch(app, flags, "--no_progress_bar", trainer("progress_bar"), false, "no progress bar");
+  add_value<int64_t>(app, flags, "--model_parallel_size", trainer("model_parallel_size"),
+                     "tensor-parallel size (world = model_parallel_size x data-parallel size)");
   for (const char* key : kBatchKeys)
     add_value<int64_t>(app, flags, std::string("--") + key, {key}, std::string("DeepSpeed's ") + key);
   add_value<double>(app, flags, "--lr", {"optimizer", "params", "lr"}, "learning rate (optimizer.params.lr)");

@@ -261,6 +261,10 @@ void parse_trainer(const json* j, ParseContext& ctx, TrainerOptions& t) {
   if (!(t.comm_timeout > 0)) r.fail("comm_timeout", "must be > 0 seconds");
   if (t.reduce_bucket_size < 1) r.fail("reduce_bucket_size", "must be >= 1 byte");
   if (t.experiment_name.empty()) r.fail("experiment_name", "must not be empty");
+  r.above("model_parallel_size", t.model_parallel_size, int64_t{0});
+  if (t.model_parallel_size > 1 && t.env_type != "deepspeed+mpu")
+    r.fail("model_parallel_size", cat("is ", t.model_parallel_size, ": tensor parallelism needs env_type "
+                                      "'deepspeed+mpu', not '", t.env_type, "'"));
 }
 
 struct BatchKeys {
@@ -281,8 +285,11 @@ int64_t world_size_or_env(int64_t world_size) {
 
 // DeepSpeed's _set_batch_related_parameters + _batch_assertion. Where DeepSpeed floors a
 // derived value and then fails the assertion, the message says what does not divide.
-void resolve(BatchConfig& out, BatchKeys k, int64_t world_size, const ParseContext& ctx) {
-  const int64_t ws = world_size_or_env(world_size);
+void resolve(BatchConfig& out, BatchKeys k, int64_t world_size, int64_t model_parallel, const ParseContext& ctx) {
+  const int64_t world = world_size_or_env(world_size);
+  if (world % model_parallel != 0)
+    ctx.fail(cat("trainer.model_parallel_size (", model_parallel, ") does not divide the world size (", world, ")"));
+  const int64_t ws = world / model_parallel;  // the data-parallel size: tensor-parallel peers share samples
   const char* kT = "train_batch_size";
   const char* kM = "train_micro_batch_size_per_gpu";
   const char* kG = "gradient_accumulation_steps";
@@ -296,7 +303,9 @@ void resolve(BatchConfig& out, BatchKeys k, int64_t world_size, const ParseConte
     return num / den;
   };
   auto& [t, m, g] = k;
-  const std::string ws_text = cat("world_size (", ws, ")");
+  const std::string ws_text = model_parallel == 1 ? cat("world_size (", ws, ")")
+                                                  : cat("data-parallel size (", ws, " = world_size ", world,
+                                                        " / model_parallel_size ", model_parallel, ")");
   if (t && m && g) {
   } else if (t && m) {
     g = derive(kG, *t, *m * ws, cat(kM, " (", *m, ") * ", ws_text));
@@ -353,6 +362,12 @@ Config config_from_json(const json& doc, const std::string& origin, int64_t worl
 
   parse_optimizer(optimizer, ctx, cfg.optimizer);
   parse_scheduler(scheduler, ctx, cfg.scheduler);
+  if (cfg.scheduler.type == "OneCycle" && cfg.scheduler.cycle_momentum) {
+    const std::string t = lower(cfg.optimizer.type);
+    if (t != "adam" && t != "adamw" && t != "lamb")
+      ctx.fail(cat("scheduler.params.cycle_momentum: OneCycle cycles momentum (beta1), but optimizer '",
+                   cfg.optimizer.type, "' has no beta1; set cycle_momentum to false or use Adam, AdamW or Lamb"));
+  }
   parse_zero(zero, allgather_size, ctx, cfg.zero_optimization);
   parse_precision(fp16, bf16, bfloat16, ctx, cfg);
   if (cfg.fp16.enabled && cfg.fp16.fp16_master_weights_and_grads && cfg.zero_optimization.stage != 2)
@@ -369,7 +384,11 @@ Config config_from_json(const json& doc, const std::string& origin, int64_t worl
   parse_model(model, ctx, cfg.model);
   parse_data(data, ctx, cfg.data, cfg.model);
   parse_trainer(trainer, ctx, cfg.trainer);
-  resolve(cfg.batch, batch, world_size, ctx);
+  // DeepSpeed's steps_per_print is its log interval; trainer.log_interval, when given, wins.
+  if (doc.is_object() && doc.contains("steps_per_print") &&
+      !(trainer && trainer->is_object() && trainer->contains("log_interval")))
+    cfg.trainer.log_interval = cfg.steps_per_print;
+  resolve(cfg.batch, batch, world_size, cfg.trainer.model_parallel_size, ctx);
   return cfg;
 }
 
@@ -385,7 +404,7 @@ Config load_config(const std::string& path, int64_t world_size) {
 void resolve_batch(Config& cfg, const json& batch_source, int64_t world_size) {
   ParseContext ctx{"", nullptr};
   ObjectReader r(&batch_source, "", ctx);
-  resolve(cfg.batch, read_batch_keys(r), world_size, ctx);
+  resolve(cfg.batch, read_batch_keys(r), world_size, cfg.trainer.model_parallel_size, ctx);
 }
 
 json config_to_json(const Config& in) {

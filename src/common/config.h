@@ -12,12 +12,15 @@
 
 namespace polytrain {
 
-/// DeepSpeed's batch triple, resolved with DeepSpeed's fill-in rules at a world size.
+/// DeepSpeed's batch triple, resolved with DeepSpeed's fill-in rules at the data-parallel size
+/// (world size / trainer.model_parallel_size, as DeepSpeed does under model parallelism).
 struct BatchConfig {
   int64_t train_batch_size = 0;
   int64_t train_micro_batch_size_per_gpu = 0;
   int64_t gradient_accumulation_steps = 0;
-  int64_t world_size = 1;  ///< the data-parallel world size the triple was resolved at
+  /// The data-parallel size the triple was resolved at; the Trainer refuses to run when the
+  /// backend's data-parallel size differs (the global batch would silently shrink or grow).
+  int64_t world_size = 1;
 };
 
 /// `optimizer {type, params}`. Names follow DeepSpeed / torch.optim.
@@ -213,6 +216,9 @@ struct TrainerOptions {
   int64_t reduce_bucket_size = 25000000;  ///< bytes of gradients per all-reduce bucket
   bool overlap_comm = true;           ///< start each bucket's all-reduce while backward still runs
   bool find_unused_parameters = false;  ///< parameters without a gradient in a step are allowed (zeros averaged)
+  /// Tensor-parallel size (FlagAI's name; Megatron's tensor_model_parallel_size is an alias):
+  /// world = model_parallel_size x data-parallel size. Above 1 needs env_type deepspeed+mpu.
+  int64_t model_parallel_size = 1;
 };
 
 /// The whole resolved config.
@@ -223,7 +229,9 @@ struct Config {
   Fp16Config fp16;
   Bf16Config bf16;
   double gradient_clipping = 0.0;  ///< 0 = off
+  /// DeepSpeed's print interval: when given and trainer.log_interval is not, it sets log_interval.
   int64_t steps_per_print = 10;
+  /// DeepSpeed's timer report: the log line also shows forward / backward / step milliseconds.
   bool wall_clock_breakdown = false;
   ZeroConfig zero_optimization;
   ActivationCheckpointingConfig activation_checkpointing;
@@ -245,14 +253,15 @@ nlohmann::json parse_json_strict(const std::string& text, const std::string& ori
 
 /// Builds a Config from a parsed JSON document. Unknown keys are InputError naming the JSON
 /// path and suggesting the nearest known key; inconsistent values are InputError naming the key.
-/// The batch triple is resolved at `world_size` (< 1: read WORLD_SIZE from the environment,
-/// 1 when unset).
+/// The batch triple is resolved at the data-parallel size: `world_size` (< 1: read WORLD_SIZE
+/// from the environment, 1 when unset) divided by trainer.model_parallel_size.
 Config config_from_json(const nlohmann::json& doc, const std::string& origin, int64_t world_size = 0);
 
 /// Reads and parses a config file (InputError when it is missing or malformed).
 Config load_config(const std::string& path, int64_t world_size = 0);
 
-/// Re-resolves the batch triple after a CLI override or at a new world size.
+/// Re-resolves the batch triple after a CLI override or at a new world size (divided by
+/// cfg.trainer.model_parallel_size, as config_from_json does).
 void resolve_batch(Config& cfg, const nlohmann::json& batch_source, int64_t world_size);
 
 /// The resolved config as JSON (every key, defaults filled in); load_config of its dump gives

@@ -339,6 +339,7 @@ void visit(V& v, TrainerOptions& t) {
   v("progress_bar", t.progress_bar), v("comm_backend", t.comm_backend), v("comm_timeout", t.comm_timeout);
   v("reduce_bucket_size", t.reduce_bucket_size), v("overlap_comm", t.overlap_comm);
   v("find_unused_parameters", t.find_unused_parameters);
+  v("model_parallel_size", t.model_parallel_size, {"tensor_model_parallel_size"});
 }
 
 template <class T>

@@ -63,3 +63,50 @@ std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, int64_t epoch) 
 }
 
 }  // namespace polytrain
+
+namespace polytrain {
+
+SampleStream::SampleStream(int64_t dataset_size, uint64_t seed, int64_t global_batch, int64_t member,
+                           int64_t members, bool own_stream)
+    : dataset_size_(dataset_size), global_batch_(global_batch), member_(member), members_(members), seed_(seed),
+      own_stream_(own_stream) {
+  PT_CHECK(members >= 1 && member >= 0 && member < members, "reader ", member, " of ", members);
+  PT_CHECK(global_batch >= 1, "global batch ", global_batch);
+}
+
+const std::vector<int64_t>& SampleStream::order(int64_t epoch) {
+  if (epoch != order_epoch_) {
+    order_ = epoch_permutation(dataset_size_, seed_, epoch);
+    order_epoch_ = epoch;
+  }
+  return order_;
+}
+
+SampleStream::Draw SampleStream::next(int64_t step, int64_t offset, int64_t size) {
+  Draw d;
+  if (!own_stream_) {
+    const int64_t per_epoch = steps_per_epoch();
+    PT_CHECK(per_epoch > 0, "fewer samples (", dataset_size_, ") than one global batch (", global_batch_, ")");
+    d.epoch = step / per_epoch;
+    const int64_t start = (step % per_epoch) * global_batch_ + offset + member_ * size;
+    PT_CHECK(offset + members_ * size <= global_batch_, "micro-batch at ", offset, " overruns the global batch");
+    const auto& o = order(d.epoch);
+    d.indices.assign(o.begin() + start, o.begin() + start + size);
+    return d;
+  }
+  const int64_t per_epoch = dataset_size_ / members_;  // stream length; a micro-batch never straddles epochs
+  PT_INPUT_CHECK(size <= per_epoch, "a stream of ", per_epoch, " samples per epoch cannot hold a micro-batch of ", size);
+  int64_t k = cursor_ % per_epoch;
+  d.epoch = cursor_ / per_epoch;
+  if (k + size > per_epoch) {  // skip the epoch's tail
+    cursor_ += per_epoch - k;
+    k = 0;
+    ++d.epoch;
+  }
+  const auto& o = order(d.epoch);
+  for (int64_t i = 0; i < size; ++i) d.indices.push_back(o[member_ + members_ * (k + i)]);
+  cursor_ += size;
+  return d;
+}
+
+}  // namespace polytrain

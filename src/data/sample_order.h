@@ -38,3 +38,45 @@ class CounterRng {
 std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, int64_t epoch);
 
 }  // namespace polytrain
+
+namespace polytrain {
+
+/// Which samples one reader takes. Order and masking depend only on (seed, epoch, global
+/// index), never on the number of readers:
+///  - fixed world (DDP, ZeRO, tensor parallel): global batch `step` is positions
+///    [step * B, (step + 1) * B) of the epoch's permutation (B = global batch); a micro-batch
+///    of `size` samples per reader occupies a block of size * members positions starting
+///    `offset` positions into the global batch, and reader `member` takes its member-th slice;
+///  - own stream (a decentralized peer, no fixed world): stream `member` of `members` is the
+///    epoch permutation's positions member, member + members, ...; the reader walks it at its
+///    own pace from a cursor (samples it has read), so distinct members never share a sample
+///    within an epoch.
+class SampleStream {
+ public:
+  struct Draw {
+    std::vector<int64_t> indices;
+    int64_t epoch = 0;
+  };
+  SampleStream(int64_t dataset_size, uint64_t seed, int64_t global_batch, int64_t member, int64_t members,
+               bool own_stream);
+  /// Fixed world: global batches per epoch (dataset_size / global_batch, the tail dropped).
+  int64_t steps_per_epoch() const { return dataset_size_ / global_batch_; }
+  /// This reader's samples of one micro-batch (fixed world: of global batch `step` at `offset`;
+  /// own stream: the next `size` of its stream; step and offset unused).
+  Draw next(int64_t step, int64_t offset, int64_t size);
+  /// Own stream: samples read so far (saved with a checkpoint to resume the stream).
+  int64_t cursor() const { return cursor_; }
+  void set_cursor(int64_t c) { cursor_ = c; }
+
+ private:
+  const std::vector<int64_t>& order(int64_t epoch);
+
+  int64_t dataset_size_, global_batch_, member_, members_;
+  uint64_t seed_;
+  bool own_stream_;
+  int64_t cursor_ = 0;
+  std::vector<int64_t> order_;
+  int64_t order_epoch_ = -1;
+};
+
+}  // namespace polytrain

@@ -10,7 +10,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 
-#include "trainer/autocast.h"
+#include "common/autocast.h"
 
 namespace polytrain {
 

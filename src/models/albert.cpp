@@ -308,26 +308,11 @@ AlbertOutput AlbertForMaskedLMImpl::forward(const at::Tensor& input_ids, const a
   if (config_.sentence_order_prediction)
     out.sop_logits = sop_classifier(sop_dropout(albert->pool(out.hidden_states)));
 
-  if (labels.defined()) {
-    // Same three ways as BertForMaskedLM: fused (no logits), masked rows only, or full logits.
-    auto h = out.hidden_states, y = labels;
-    if (config_.sparse_prediction) {
-      auto flat = labels.reshape({-1});
-      auto idx = flat.ne(-100).nonzero().squeeze(1);
-      h = h.reshape({-1, h.size(-1)}).index_select(0, idx);
-      y = flat.index_select(0, idx);
-    }
-    if (config_.fused_lm_loss) {
-      out.loss = fused_linear_cross_entropy(predictions->transform(h), predictions->decoder_weight_,
-                                            predictions->bias, y);
-    } else {
-      out.logits = predictions(h);
-      out.loss = F::cross_entropy(out.logits.reshape({-1, out.logits.size(-1)}), y.reshape({-1}),
-                                  F::CrossEntropyFuncOptions().ignore_index(-100));
-    }
-  } else {
-    out.logits = predictions(out.hidden_states);
-  }
+  auto head = masked_lm_head(
+      out.hidden_states, labels, [&](const at::Tensor& h) { return predictions->transform(h); },
+      predictions->decoder_weight_, predictions->bias, config_.sparse_prediction, config_.fused_lm_loss);
+  out.loss = head.loss;
+  out.logits = head.logits;
   if (sentence_order_label.defined()) {
     auto sop_loss = F::cross_entropy(out.sop_logits, sentence_order_label.reshape({-1}));
     out.loss = out.loss.defined() ? out.loss + sop_loss : sop_loss;

@@ -208,31 +208,11 @@ ModelOutput BertForMaskedLMImpl::forward(const at::Tensor& input_ids, const at::
                                          const at::Tensor& token_type_ids, const at::Tensor& labels) {
   ModelOutput out;
   out.hidden_states = encoder_model(input_ids, attention_mask, token_type_ids);
-  if (labels.defined() && fused_lm_loss_) {
-    auto h = out.hidden_states;
-    auto y = labels;
-    if (score_masked_only_) {
-      auto flat_labels = labels.reshape({-1});
-      auto idx = flat_labels.ne(-100).nonzero().squeeze(1);
-      h = h.reshape({-1, h.size(-1)}).index_select(0, idx);
-      y = flat_labels.index_select(0, idx);
-    }
-    out.loss = fused_linear_cross_entropy(lm_head->transform(h), lm_head->decoder_weight_, lm_head->bias, y);
-    return out;
-  }
-  if (labels.defined() && score_masked_only_) {
-    auto flat_labels = labels.reshape({-1});
-    auto idx = flat_labels.ne(-100).nonzero().squeeze(1);
-    auto h = out.hidden_states.reshape({-1, out.hidden_states.size(-1)}).index_select(0, idx);
-    out.logits = lm_head(h);
-    out.loss = F::cross_entropy(out.logits, flat_labels.index_select(0, idx));
-    return out;
-  }
-  out.logits = lm_head(out.hidden_states);
-  if (labels.defined()) {
-    out.loss = F::cross_entropy(out.logits.reshape({-1, out.logits.size(-1)}), labels.reshape({-1}),
-                                F::CrossEntropyFuncOptions().ignore_index(-100));
-  }
+  auto head = masked_lm_head(
+      out.hidden_states, labels, [&](const at::Tensor& h) { return lm_head->transform(h); }, lm_head->decoder_weight_,
+      lm_head->bias, score_masked_only_, fused_lm_loss_);
+  out.loss = head.loss;
+  out.logits = head.logits;
   return out;
 }
 

@@ -150,4 +150,30 @@ at::Tensor fused_linear_cross_entropy(const at::Tensor& hidden, const at::Tensor
   return finish(sum, rows, hidden.scalar_type());
 }
 
+LmHeadOutput masked_lm_head(const at::Tensor& hidden, const at::Tensor& labels,
+                            const std::function<at::Tensor(const at::Tensor&)>& transform, const at::Tensor& weight,
+                            const at::Tensor& bias, bool sparse, bool fused) {
+  namespace F = torch::nn::functional;
+  LmHeadOutput out;
+  if (!labels.defined()) {
+    out.logits = F::linear(transform(hidden), weight, bias);
+    return out;
+  }
+  auto h = hidden, y = labels;
+  if (sparse) {
+    auto flat = labels.reshape({-1});
+    auto idx = flat.ne(-100).nonzero().squeeze(1);
+    h = h.reshape({-1, h.size(-1)}).index_select(0, idx);
+    y = flat.index_select(0, idx);
+  }
+  if (fused) {
+    out.loss = fused_linear_cross_entropy(transform(h), weight, bias, y);
+    return out;
+  }
+  out.logits = F::linear(transform(h), weight, bias);
+  out.loss = F::cross_entropy(out.logits.reshape({-1, out.logits.size(-1)}), y.reshape({-1}),
+                              F::CrossEntropyFuncOptions().ignore_index(-100));
+  return out;
+}
+
 }  // namespace polytrain

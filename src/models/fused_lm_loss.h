@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include <ATen/core/Tensor.h>
 
@@ -22,5 +23,20 @@ namespace polytrain {
 at::Tensor fused_linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
                                       const at::Tensor& bias, const at::Tensor& labels,
                                       int64_t ignore_index = -100, int64_t chunk_rows = 0);
+
+struct LmHeadOutput {
+  at::Tensor loss;    ///< undefined without labels
+  at::Tensor logits;  ///< undefined on the fused path
+};
+
+/// A masked-LM head's loss the three ways the BERT family computes it, in one place: `hidden`
+/// [B, T, H] through the head's `transform` (dense, activation, LayerNorm) and decoder
+/// (`weight` [V, H], `bias` [V]). sparse: only rows with a label (!= -100) go through the head
+/// (NVIDIA/Megatron BERT); fused: fused_linear_cross_entropy, no logits; otherwise full logits
+/// (of the selected rows when sparse) and cross_entropy with ignore_index -100. Without labels:
+/// the logits of every position.
+LmHeadOutput masked_lm_head(const at::Tensor& hidden, const at::Tensor& labels,
+                            const std::function<at::Tensor(const at::Tensor&)>& transform, const at::Tensor& weight,
+                            const at::Tensor& bias, bool sparse, bool fused);
 
 }  // namespace polytrain

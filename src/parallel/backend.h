@@ -1,39 +1,86 @@
-// The one interface every env_type implements (principle 1): prepare, data shard, backward,
-// ready-to-step, step, reduce metric, state. The Trainer loop talks only to this; only
-// backend_factory.cpp knows the concrete backends.
+// The one interface every env_type implements (principle 1). The Trainer loop talks only to
+// this; only backend_factory.cpp knows the concrete backends. One optimizer step, as the loop
+// drives it:
+//   while (n = next_micro_batch(m, samples)) > 0:      // fixed count, or the swarm's progress
+//     read n samples of data_shard(); loss = forward;
+//     backward(loss * n / samples_per_step(), {n, sync = last micro-batch})
+//   step({lr, beta1, loss scale}, step)                 // reduce, norm, skip/clip, update
+// and around it reduce_metric (logged numbers) and the checkpoint calls (save_shard on every
+// rank, full_state for the consolidated model).
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
 #include "common/config.h"
-
 #include "common/torch_fwd.h"
 
 namespace polytrain {
 
-/// Where this process sits in the job.
+class ShardReader;
+
+/// Where this process sits in the job, and what it is responsible for writing.
 struct RankContext {
   int64_t rank = 0;        ///< global rank
   int64_t world_size = 1;  ///< all processes
   int64_t local_rank = 0;
-  int64_t dp_rank = 0;     ///< data-parallel rank: which share of each global batch it reads
-  int64_t dp_size = 1;     ///< data-parallel size
+  int64_t tp_rank = 0;     ///< tensor-parallel coordinate (Megatron order: TP ranks adjacent)
+  int64_t tp_size = 1;
+  int64_t dp_rank = 0;     ///< data-parallel coordinate: which share of each global batch it reads
+  int64_t dp_size = 1;
+  int64_t pp_size = 1;     ///< pipeline: reserved
   c10::Device device = c10::Device(c10::kCPU);
-  bool is_main() const { return rank == 0; }
+  // Roles (set by the backend; a decentralized peer holds all three for its own folder):
+  bool writes_logs = true;          ///< experiment folder, metrics files, console lines
+  bool writes_model = true;         ///< the consolidated model file of a checkpoint, --save_hf
+  bool commits_checkpoints = true;  ///< completion marker, `latest`, pruning old checkpoints
+};
+
+/// Which samples this rank reads.
+struct DataShard {
+  int64_t member = 0;   ///< this rank's place among the readers of each global batch
+  int64_t members = 1;  ///< readers of each global batch (the data-parallel size)
+  /// No fixed world (a decentralized peer): read stream `member` of `members` disjoint
+  /// streams at this rank's own pace instead of a slice of numbered global batches.
+  bool own_stream = false;
+};
+
+/// One micro-batch as the loop hands it to backward().
+struct MicroStep {
+  int64_t samples = 0;  ///< samples in this micro-batch
+  bool sync = true;     ///< the last micro-batch of the global batch: communicate now
+};
+
+/// What the loop asks of step().
+struct StepRequest {
+  double lr = 0.0;
+  std::optional<double> beta1;  ///< when the schedule cycles momentum
+  double loss_scale = 1.0;      ///< the fp16 loss scale the loss was multiplied by (1 otherwise)
+};
+
+enum class StepOutcome {
+  kApplied,           ///< the optimizer updated the weights
+  kSkippedNonFinite,  ///< non-finite gradients (an fp16 overflow): skipped on every rank
+  kNoUpdate,          ///< nothing to update yet (e.g. a peer still joining its swarm)
 };
 
 /// What step() did.
 struct StepResult {
-  bool applied = true;     ///< false: update skipped (non-finite gradients), on every rank
-  double grad_norm = 0.0;  ///< global L2 norm of the gradients before clipping
+  StepOutcome outcome = StepOutcome::kApplied;
+  double grad_norm = 0.0;   ///< global L2 norm of the gradients before clipping
+  int64_t global_step = 0;  ///< optimizer steps of the run after this one (a swarm's may jump)
+  int64_t samples = 0;      ///< samples that went into this step over all ranks
+  bool applied() const { return outcome == StepOutcome::kApplied; }
 };
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
 class Backend {
  public:
@@ -45,26 +92,55 @@ class Backend {
   /// rank owns. Called once, before any state is loaded.
   virtual void prepare(std::shared_ptr<torch::nn::Module> model, const Config& cfg) = 0;
 
-  /// Micro-batches this rank runs before the global batch is complete (fixed for DDP/ZeRO/TP;
-  /// the decentralized backend will decide from the swarm's progress instead).
-  virtual bool ready_to_step(int64_t micro_steps_done) const = 0;
+  /// Which samples this rank reads (default: slice dp_rank of dp_size of each global batch).
+  virtual DataShard data_shard() const;
 
-  /// Backward of one micro-batch's loss, already divided by the accumulation count.
-  virtual void backward(const at::Tensor& loss) = 0;
+  /// The samples this rank's micro-batches of one step add up to: the loop divides each
+  /// micro-batch's mean loss by samples_per_step() / samples, so a step is the mean over its
+  /// samples whatever its micro-batches. A backend whose step ends up with another count
+  /// corrects the gradients in step().
+  virtual int64_t samples_per_step() const = 0;
 
-  /// Reduces gradients if needed, divides them by `loss_scale` (the fp16 loss scale the loss
-  /// was multiplied by; 1 otherwise), checks they are finite, clips by the global norm
-  /// (`gradient_clipping`, 0 = off), applies lr/beta1 and updates. Gradients are cleared after.
-  virtual StepResult step(double lr, std::optional<double> beta1, double loss_scale) = 0;
+  /// Samples of the next micro-batch, given the micro-batches and samples done in this step;
+  /// 0 once the global batch is complete (a fixed count for DDP/ZeRO/TP, the swarm's
+  /// progress toward target_batch_size for the decentralized backend).
+  virtual int64_t next_micro_batch(int64_t micro_steps_done, int64_t samples_done) const = 0;
+
+  /// Backward of one micro-batch's normalised loss; free to start communication from
+  /// gradient hooks when `m.sync`.
+  virtual void backward(const at::Tensor& loss, const MicroStep& m) = 0;
+
+  /// Reduces gradients where needed, then the shared update (parallel/update.h); gradients are
+  /// cleared after. `step` is the count of optimizer steps before this one.
+  virtual StepResult step(const StepRequest& request, int64_t step) = 0;
 
   /// The global value of a logged number (mean over data-parallel ranks).
   virtual double reduce_metric(double local_value) = 0;
 
-  /// Optimizer (and backend-specific) state; the model is saved by the checkpoint code.
-  virtual void save_state(torch::serialize::OutputArchive& archive) = 0;
-  virtual void load_state(torch::serialize::InputArchive& archive) = 0;
+  /// Every rank of the job reaches this point before any leaves it (checkpoint protocol).
+  virtual void barrier() = 0;
 
-  virtual torch::optim::Optimizer& optimizer() = 0;
+  /// Rank 0's `value` on every rank (collective): e.g. the experiment folder, whose name only
+  /// the rank that creates it knows. A backend without a fixed world returns `value`.
+  virtual std::string share(const std::string& value) { return value; }
+
+  /// The whole model by name (parameters and buffers), gathered over whatever shards it
+  /// (collective). Complete on ranks with writes_model; others may return an empty list.
+  virtual NamedTensors full_state(torch::nn::Module& model);
+
+  /// Loads a whole model (as full_state returned it) into this rank's part of the model.
+  /// InputError naming `origin` and the tensor on a missing name or wrong shape.
+  virtual void load_full_state(torch::nn::Module& model, const NamedTensors& state, const std::string& origin);
+
+  /// This rank's own state (optimizer partitions, ...) for its shard of a checkpoint. Every
+  /// rank calls save_shard when writes_shard(); a backend whose ranks hold identical state
+  /// writes it from one rank only.
+  virtual bool writes_shard() const = 0;
+  virtual void save_shard(torch::serialize::OutputArchive& archive) = 0;
+  /// Loads this rank's state from the checkpoint's shards (any of them: the reader knows the
+  /// layout they were saved from). At another layout the backend re-partitions, or throws
+  /// InputError saying why it cannot.
+  virtual void load_shards(ShardReader& reader) = 0;
 };
 
 /// The one factory mapping env_type to a backend. InputError for an env_type that is not

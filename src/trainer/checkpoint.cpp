@@ -1,8 +1,13 @@
-// Checkpoint files: the atomic write protocol and the verified read. The protocol, in order:
-//   1. write state.pt, meta.json (+ extras) into <dir>/<tag>.tmp.<pid>/, fsync each file and the dir;
-//   2. if <dir>/<tag> exists, rename it aside to <dir>/<tag>.old.<pid>; rename tmp -> <dir>/<tag>;
-//   3. fsync <dir>; atomically replace <dir>/latest; remove the aside copy.
-// A kill before 3 leaves `latest` naming the previous, complete checkpoint.
+// Checkpoint files: the sharded write protocol and the verified read. In order:
+//   1. barrier; the committer clears <dir>/<tag>.tmp and creates it; barrier (nobody writes
+//      into a folder that is about to be cleared);
+//   2. every rank writes its files into it (atomic, fsynced) and then its receipt
+//      rank_<r>.files.json; barrier;
+//   3. the committer reads every receipt, writes complete.json (the marker), fsyncs the
+//      folder, moves an existing <dir>/<tag> aside, renames tmp -> <dir>/<tag>, fsyncs <dir>,
+//      atomically replaces <dir>/latest and removes the aside copy; barrier.
+// A kill before the rename leaves `latest` naming the previous, complete checkpoint; a folder
+// without complete.json is never loaded.
 #include "trainer/checkpoint.h"
 
 #include <unistd.h>
@@ -24,46 +29,130 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr int kFormatVersion = 1;
+constexpr int kFormatVersion = 2;
+const char* const kMarker = "complete.json";
+
+std::string receipt_name(int64_t rank) { return "rank_" + std::to_string(rank) + ".files.json"; }
 
 }  // namespace
 
-void write_checkpoint(const std::string& dir, const std::string& tag, const nlohmann::json& meta,
-                      const std::function<void(torch::serialize::OutputArchive&)>& fill,
-                      bool set_latest,
-                      const std::function<void(const std::string&)>& extra_files) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw InputError("cannot create checkpoint folder " + dir + ": " + ec.message());
-  const std::string pid = std::to_string(::getpid());
-  const fs::path final_dir = fs::path(dir) / tag;
-  const fs::path tmp_dir = fs::path(dir) / (tag + ".tmp." + pid);
-  const fs::path old_dir = fs::path(dir) / (tag + ".old." + pid);
-  fs::remove_all(tmp_dir, ec);
-  fs::create_directories(tmp_dir);
-  try {
-    torch::serialize::OutputArchive archive;
-    fill(archive);
-    std::ostringstream os;
-    archive.save_to(os);
-    const std::string bytes = os.str();
-    atomic_write_file((tmp_dir / "state.pt").string(), bytes);
-    if (extra_files) extra_files(tmp_dir.string());
+CheckpointWriter::CheckpointWriter(std::string dir, std::string tag, CheckpointGroup group)
+    : dir_(std::move(dir)), tag_(std::move(tag)), group_(std::move(group)) {
+  tmp_ = (fs::path(dir_) / (tag_ + ".tmp")).string();
+  group_.barrier();
+  if (group_.commits) {
+    std::error_code ec;
+    fs::create_directories(dir_, ec);
+    if (ec) throw InputError("cannot create checkpoint folder " + dir_ + ": " + ec.message());
+    fs::remove_all(tmp_, ec);
+    fs::create_directories(tmp_, ec);
+    if (ec) throw InputError("cannot create " + tmp_ + ": " + ec.message());
+  }
+  group_.barrier();
+}
+
+void CheckpointWriter::write_file(const std::string& name, const std::string& bytes) {
+  atomic_write_file((fs::path(tmp_) / name).string(), bytes);
+  files_[name] = {{"size", bytes.size()}, {"crc32c", crc32c(bytes.data(), bytes.size())}};
+}
+
+void CheckpointWriter::write_archive(const std::string& name, torch::serialize::OutputArchive& archive) {
+  std::ostringstream os;
+  archive.save_to(os);
+  write_file(name, os.str());
+}
+
+void CheckpointWriter::add_file(const std::string& name) {
+  const std::string bytes = read_file((fs::path(tmp_) / name).string());
+  files_[name] = {{"size", bytes.size()}, {"crc32c", crc32c(bytes.data(), bytes.size())}};
+}
+
+void CheckpointWriter::commit(const nlohmann::json& meta, bool set_latest) {
+  atomic_write_file((fs::path(tmp_) / receipt_name(group_.rank)).string(), files_.dump() + "\n");
+  group_.barrier();
+  if (group_.commits) {
     nlohmann::json m = meta;
     m["format_version"] = kFormatVersion;
-    m["tag"] = tag;
-    m["files"]["state.pt"] = {{"size", bytes.size()}, {"crc32c", crc32c(bytes.data(), bytes.size())}};
-    atomic_write_file((tmp_dir / "meta.json").string(), m.dump(2) + "\n");
-    fsync_dir(tmp_dir.string());
-    if (fs::exists(final_dir)) fs::rename(final_dir, old_dir);
-    fs::rename(tmp_dir, final_dir);
-    fsync_dir(dir);
-    if (set_latest) atomic_write_file((fs::path(dir) / "latest").string(), tag + "\n");
-    fs::remove_all(old_dir, ec);
-  } catch (...) {
-    fs::remove_all(tmp_dir, ec);
-    if (!fs::exists(final_dir) && fs::exists(old_dir)) fs::rename(old_dir, final_dir, ec);
+    m["tag"] = tag_;
+    m["files"] = nlohmann::json::object();
+    for (int64_t r = 0; r < group_.world_size; ++r) {
+      const std::string receipt = (fs::path(tmp_) / receipt_name(r)).string();
+      PT_CHECK(fs::exists(receipt), "checkpoint ", tmp_, ": rank ", r, " wrote no receipt");
+      const nlohmann::json files = parse_json_strict(read_file(receipt), receipt);
+      for (const auto& [name, rec] : files.items()) {
+        PT_CHECK(!m["files"].contains(name), "checkpoint ", tmp_, ": file ", name, " written by two ranks");
+        m["files"][name] = rec;
+        m["files"][name]["rank"] = r;
+      }
+    }
+    atomic_write_file((fs::path(tmp_) / kMarker).string(), m.dump(2) + "\n");
+    fsync_dir(tmp_);
+    const fs::path final_dir = fs::path(dir_) / tag_;
+    const fs::path old_dir = fs::path(dir_) / (tag_ + ".old." + std::to_string(::getpid()));
+    std::error_code ec;
+    try {
+      if (fs::exists(final_dir)) fs::rename(final_dir, old_dir);
+      fs::rename(tmp_, final_dir);
+      fsync_dir(dir_);
+      if (set_latest) atomic_write_file((fs::path(dir_) / "latest").string(), tag_ + "\n");
+      fs::remove_all(old_dir, ec);
+    } catch (...) {
+      if (!fs::exists(final_dir) && fs::exists(old_dir)) fs::rename(old_dir, final_dir, ec);
+      throw;
+    }
+  }
+  group_.barrier();
+}
+
+CheckpointReader::CheckpointReader(const std::string& dir, const std::string& tag)
+    : cdir_((fs::path(dir) / tag).string()) {
+  PT_INPUT_CHECK(fs::is_directory(cdir_), "checkpoint ", cdir_, " does not exist");
+  const std::string marker = path(kMarker);
+  if (!fs::exists(marker)) {
+    PT_INPUT_CHECK(!fs::exists(path("meta.json")), cdir_,
+                   ": written by an older polytrain (checkpoint format 1, no complete.json); it cannot be loaded");
+    throw InputError(cdir_ + ": no completion marker (complete.json): the save did not finish; use an earlier checkpoint");
+  }
+  meta_ = parse_json_strict(read_file(marker), marker);
+  PT_INPUT_CHECK(meta_.value("format_version", 0) == kFormatVersion, marker,
+                 ": unsupported checkpoint format_version ", meta_.value("format_version", 0));
+  PT_INPUT_CHECK(meta_.contains("files") && meta_["files"].is_object(), marker, ": no 'files' record");
+}
+
+std::string CheckpointReader::path(const std::string& name) const { return (fs::path(cdir_) / name).string(); }
+
+bool CheckpointReader::has_file(const std::string& name) const { return meta_["files"].contains(name); }
+
+std::string CheckpointReader::read(const std::string& name) const {
+  const std::string p = path(name);
+  PT_INPUT_CHECK(has_file(name), cdir_, ": has no ", name, " (the checkpoint's complete.json does not list it)");
+  PT_INPUT_CHECK(fs::exists(p), p, ": missing (listed in complete.json)");
+  const std::string bytes = read_file(p);
+  const auto& rec = meta_["files"][name];
+  try {
+    PT_INPUT_CHECK(bytes.size() == rec.at("size").get<size_t>(), p, ": truncated or corrupt (", bytes.size(),
+                   " bytes, complete.json records ", rec.at("size").get<size_t>(), ")");
+    PT_INPUT_CHECK(crc32c(bytes.data(), bytes.size()) == rec.at("crc32c").get<uint32_t>(), p,
+                   ": checksum mismatch (file corrupt)");
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(path(kMarker) + ": malformed record of " + name + ": " + e.what());
+  }
+  return bytes;
+}
+
+void CheckpointReader::read_archive(const std::string& name,
+                                    const std::function<void(torch::serialize::InputArchive&)>& use) const {
+  const std::string bytes = read(name);
+  torch::serialize::InputArchive archive;
+  try {
+    std::istringstream is(bytes);
+    archive.load_from(is);
+    use(archive);
+  } catch (const InputError&) {
     throw;
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    throw InputError(path(name) + ": cannot load: " + what.substr(0, what.find('\n')));
   }
 }
 
@@ -77,33 +166,28 @@ std::string latest_checkpoint_tag(const std::string& dir) {
   return tag;
 }
 
+void write_checkpoint(const std::string& dir, const std::string& tag, const nlohmann::json& meta,
+                      const std::function<void(torch::serialize::OutputArchive&)>& fill, bool set_latest,
+                      const std::function<void(const std::string&)>& extra_files) {
+  CheckpointWriter w(dir, tag, CheckpointGroup{});
+  torch::serialize::OutputArchive archive;
+  fill(archive);
+  w.write_archive("state.pt", archive);
+  if (extra_files) {
+    extra_files(w.tmp_dir());
+    for (const auto& e : fs::directory_iterator(w.tmp_dir())) {
+      const std::string name = e.path().filename().string();
+      if (name != "state.pt") w.add_file(name);
+    }
+  }
+  w.commit(meta, set_latest);
+}
+
 nlohmann::json read_checkpoint(const std::string& dir, const std::string& tag,
                                const std::function<void(torch::serialize::InputArchive&)>& read) {
-  const fs::path cdir = fs::path(dir) / tag;
-  const std::string meta_path = (cdir / "meta.json").string();
-  PT_INPUT_CHECK(fs::is_directory(cdir), "checkpoint ", cdir.string(), " does not exist");
-  nlohmann::json meta = parse_json_strict(read_file(meta_path), meta_path);
-  PT_INPUT_CHECK(meta.value("format_version", 0) == kFormatVersion, meta_path,
-                 ": unsupported checkpoint format_version ", meta.value("format_version", 0));
-  const std::string state_path = (cdir / "state.pt").string();
-  const std::string bytes = read_file(state_path);
-  const auto& rec = meta.at("files").at("state.pt");
-  PT_INPUT_CHECK(bytes.size() == rec.at("size").get<size_t>(), state_path, ": truncated or corrupt (",
-                 bytes.size(), " bytes, meta.json records ", rec.at("size").get<size_t>(), ")");
-  PT_INPUT_CHECK(crc32c(bytes.data(), bytes.size()) == rec.at("crc32c").get<uint32_t>(), state_path,
-                 ": checksum mismatch (file corrupt)");
-  torch::serialize::InputArchive archive;
-  try {
-    std::istringstream is(bytes);
-    archive.load_from(is);
-    read(archive);
-  } catch (const InputError&) {
-    throw;
-  } catch (const std::exception& e) {
-    std::string what = e.what();
-    throw InputError(state_path + ": cannot load: " + what.substr(0, what.find('\n')));
-  }
-  return meta;
+  CheckpointReader r(dir, tag);
+  r.read_archive("state.pt", read);
+  return r.meta();
 }
 
 void remove_checkpoint(const std::string& dir, const std::string& tag) {
@@ -111,43 +195,52 @@ void remove_checkpoint(const std::string& dir, const std::string& tag) {
   fs::remove_all(fs::path(dir) / tag, ec);
 }
 
-void save_module(torch::nn::Module& module, torch::serialize::OutputArchive& archive) {
-  // Archive keys cannot hold dots, so tensors go under t<i> and the names in a string list.
+void save_named_tensors(const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                        torch::serialize::OutputArchive& archive) {
   std::vector<std::string> names;
   int64_t i = 0;
-  for (const auto& p : module.named_parameters(true)) {
-    names.push_back(p.key());
-    archive.write("t" + std::to_string(i++), p.value().detach().cpu());
-  }
-  for (const auto& b : module.named_buffers(true)) {
-    names.push_back(b.key());
-    archive.write("t" + std::to_string(i++), b.value().detach().cpu(), /*is_buffer=*/true);
+  for (const auto& [name, t] : tensors) {
+    names.push_back(name);
+    archive.write("t" + std::to_string(i++), t.detach().cpu());
   }
   archive.write("names", c10::IValue(c10::List<std::string>(names)));
 }
 
-void load_module(torch::nn::Module& module, torch::serialize::InputArchive& archive,
-                 const std::string& origin) {
+std::vector<std::pair<std::string, at::Tensor>> load_named_tensors_archive(torch::serialize::InputArchive& archive) {
   c10::IValue names_iv;
   archive.read("names", names_iv);
-  std::map<std::string, int64_t> index;
+  std::vector<std::pair<std::string, at::Tensor>> out;
   int64_t i = 0;
-  for (const auto& n : names_iv.toListRef()) index[n.toStringRef()] = i++;
+  for (const auto& n : names_iv.toListRef()) {
+    at::Tensor t;
+    archive.read("t" + std::to_string(i++), t);
+    out.emplace_back(n.toStringRef(), t);
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> module_state(torch::nn::Module& module) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& p : module.named_parameters(true)) out.emplace_back(p.key(), p.value());
+  for (const auto& b : module.named_buffers(true)) out.emplace_back(b.key(), b.value());
+  return out;
+}
+
+void load_module_state(torch::nn::Module& module, const std::vector<std::pair<std::string, at::Tensor>>& state,
+                       const std::string& origin) {
+  std::map<std::string, const at::Tensor*> index;
+  for (const auto& [name, t] : state) index[name] = &t;
   torch::NoGradGuard no_grad;
-  auto load_one = [&](const std::string& name, at::Tensor& dst, bool is_buffer) {
+  auto dst = module_state(module);
+  for (auto& [name, t] : dst) {
     auto it = index.find(name);
     PT_INPUT_CHECK(it != index.end(), origin, ": has no tensor '", name, "' (a different model?)");
-    at::Tensor src;
-    archive.read("t" + std::to_string(it->second), src, is_buffer);
-    PT_INPUT_CHECK(src.sizes() == dst.sizes(), origin, ": tensor '", name, "' has shape ", src.sizes(),
-                   ", the model expects ", dst.sizes());
-    dst.copy_(src);
-  };
-  for (auto& p : module.named_parameters(true)) load_one(p.key(), p.value(), false);
-  for (auto& b : module.named_buffers(true)) load_one(b.key(), b.value(), true);
-  const size_t expected = module.named_parameters(true).size() + module.named_buffers(true).size();
-  PT_INPUT_CHECK(index.size() == expected, origin, ": holds ", index.size(), " tensors, the model has ",
-                 expected, " (a different model?)");
+    PT_INPUT_CHECK(it->second->sizes() == t.sizes(), origin, ": tensor '", name, "' has shape ", it->second->sizes(),
+                   ", the model expects ", t.sizes());
+    t.copy_(*it->second);
+  }
+  PT_INPUT_CHECK(index.size() == dst.size(), origin, ": holds ", index.size(), " tensors, the model has ", dst.size(),
+                 " (a different model?)");
 }
 
 }  // namespace polytrain

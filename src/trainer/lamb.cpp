@@ -10,23 +10,9 @@
 
 #include <torch/torch.h>
 
+#include "trainer/optim_state_key.h"
+
 namespace polytrain {
-namespace {
-
-// The key of a parameter's state in torch::optim::Optimizer::state_: its TensorImpl address,
-// as a string in libtorch 1.x (what c10::guts::to_string printed), as a void* in 2.x.
-template <typename Key>
-Key state_key(const at::Tensor& p) {
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream s;
-    s << p.unsafeGetTensorImpl();
-    return s.str();
-  } else {
-    return p.unsafeGetTensorImpl();
-  }
-}
-
-}  // namespace
 
 LambOptions::LambOptions(double lr) : lr_(lr) {}
 
@@ -101,7 +87,7 @@ torch::Tensor Lamb::step(LossClosure closure) {
       if (!p.grad().defined()) continue;
       const auto& grad = p.grad();
       TORCH_CHECK(!grad.is_sparse(), "Lamb does not support sparse gradients");
-      const auto key = state_key<std::decay_t<decltype(state_)>::key_type>(p);
+      const auto key = optimizer_state_key<std::decay_t<decltype(state_)>::key_type>(p);
       auto it = state_.find(key);
       if (it == state_.end()) {
         auto fresh = std::make_unique<LambParamState>();

@@ -1,10 +1,12 @@
-// make_optimizer: OptimizerConfig -> a libtorch optimizer (or Lamb) over two parameter groups
-// (decay / no decay), plus the LR and beta1 setters a schedule drives.
+// make_optimizer: OptimizerConfig -> a libtorch optimizer (or Lamb) over parameter groups
+// (decay / no decay, or a backend's partitions) behind polytrain's Optimizer interface, with
+// state saved by parameter name; plus the LR and beta1 setters a schedule drives.
 // Golden values: scripts/gen_golden_optim.py (torch.optim 1.13 and torch_optimizer's LAMB).
 #include "trainer/optimizers.h"
 
 #include <algorithm>
 #include <cctype>
+#include <map>
 #include <unordered_set>
 
 #include <torch/torch.h>
@@ -12,6 +14,7 @@
 #include "common/config.h"
 #include "common/error.h"
 #include "trainer/lamb.h"
+#include "trainer/optim_state_key.h"
 
 namespace polytrain {
 namespace {
@@ -23,45 +26,19 @@ std::string lower(std::string s) {
   return s;
 }
 
-struct SplitParams {
-  std::vector<torch::Tensor> decay;
-  std::vector<torch::Tensor> no_decay;
-};
-
-SplitParams split_by_decay(const OptimizerConfig& cfg,
-                           const std::vector<std::pair<std::string, torch::Tensor>>& named_params) {
-  SplitParams out;
-  std::unordered_set<const void*> seen;  // tied weights appear under two names
-  for (const auto& [name, tensor] : named_params) {
-    PT_CHECK(tensor.defined(), "parameter '", name, "' is an undefined tensor");
-    if (!tensor.requires_grad()) continue;
-    if (!seen.insert(tensor.unsafeGetTensorImpl()).second) continue;
-    const bool exempt = std::any_of(cfg.no_decay.begin(), cfg.no_decay.end(), [&](const std::string& s) {
-      return !s.empty() && name.find(s) != std::string::npos;
-    });
-    (exempt ? out.no_decay : out.decay).push_back(tensor);
-  }
-  PT_INPUT_CHECK(!out.decay.empty() || !out.no_decay.empty(),
-                 "optimizer: the model has no parameters that require grad");
-  return out;
-}
-
-/// Two groups sharing `options`, the first with weight_decay `wd`, the second with 0.
+/// The libtorch optimizer over `groups`, each with its own weight decay.
 template <typename Opt, typename Options>
-std::unique_ptr<torch::optim::Optimizer> build(const SplitParams& split, Options options, double wd) {
-  std::vector<OptimizerParamGroup> groups;
-  if (!split.decay.empty()) {
+std::unique_ptr<torch::optim::Optimizer> build(const std::vector<ParamGroup>& groups, Options options) {
+  std::vector<OptimizerParamGroup> out;
+  for (const auto& g : groups) {
+    std::vector<torch::Tensor> tensors;
+    for (const auto& [name, t] : g.params) tensors.push_back(t);
     Options o = options;
-    o.weight_decay(wd);
-    groups.emplace_back(split.decay, std::make_unique<Options>(o));
+    o.weight_decay(g.weight_decay);
+    out.emplace_back(std::move(tensors), std::make_unique<Options>(o));
   }
-  if (!split.no_decay.empty()) {
-    Options o = options;
-    o.weight_decay(0.0);
-    groups.emplace_back(split.no_decay, std::make_unique<Options>(o));
-  }
-  options.weight_decay(wd);
-  return std::make_unique<Opt>(std::move(groups), options);
+  if (!groups.empty()) options.weight_decay(groups.front().weight_decay);
+  return std::make_unique<Opt>(std::move(out), options);
 }
 
 void check_common(const OptimizerConfig& cfg, bool has_betas) {
@@ -78,17 +55,13 @@ void check_common(const OptimizerConfig& cfg, bool has_betas) {
     PT_INPUT_CHECK(!cfg.amsgrad, "optimizer.params.amsgrad applies to Adam/AdamW only, not ", cfg.type);
 }
 
-}  // namespace
-
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(
-    const OptimizerConfig& cfg, const std::vector<std::pair<std::string, torch::Tensor>>& named_params) {
+std::unique_ptr<torch::optim::Optimizer> build_torch(const OptimizerConfig& cfg, const std::vector<ParamGroup>& split) {
   const std::string type = lower(cfg.type);
   const bool adam_like = type == "adam" || type == "adamw";
   if (!adam_like && type != "lamb" && type != "sgd" && type != "adagrad")
     throw InputError(detail::cat("optimizer.type: unknown optimizer '", cfg.type,
                                  "' (known: Adam, AdamW, Lamb, SGD, Adagrad)"));
   check_common(cfg, adam_like || type == "lamb");
-  const SplitParams split = split_by_decay(cfg, named_params);
   const auto betas = std::make_tuple(cfg.beta1, cfg.beta2);
 
   if (adam_like) {
@@ -97,15 +70,15 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(
                    ": torch.optim's Adam/AdamW (and libtorch's) always apply bias correction");
     if (type == "adamw" || cfg.adam_w_mode) {
       auto o = torch::optim::AdamWOptions(cfg.lr).betas(betas).eps(cfg.eps).amsgrad(cfg.amsgrad);
-      return build<torch::optim::AdamW>(split, o, cfg.weight_decay);
+      return build<torch::optim::AdamW>(split, o);
     }
     auto o = torch::optim::AdamOptions(cfg.lr).betas(betas).eps(cfg.eps).amsgrad(cfg.amsgrad);
-    return build<torch::optim::Adam>(split, o, cfg.weight_decay);
+    return build<torch::optim::Adam>(split, o);
   }
   if (type == "lamb") {
     PT_INPUT_CHECK(cfg.clamp_value >= 0, "optimizer.params.clamp_value must be >= 0, got ", cfg.clamp_value);
     auto o = LambOptions(cfg.lr).betas(betas).eps(cfg.eps).clamp_value(cfg.clamp_value).debias(cfg.bias_correction);
-    return build<Lamb>(split, o, cfg.weight_decay);
+    return build<Lamb>(split, o);
   }
   if (type == "sgd") {
     PT_INPUT_CHECK(cfg.momentum >= 0, "optimizer.params.momentum must be >= 0, got ", cfg.momentum);
@@ -113,7 +86,7 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(
                    "optimizer.params.nesterov needs momentum > 0 and dampening 0 (got momentum ", cfg.momentum,
                    ", dampening ", cfg.dampening, ")");
     auto o = torch::optim::SGDOptions(cfg.lr).momentum(cfg.momentum).dampening(cfg.dampening).nesterov(cfg.nesterov);
-    return build<torch::optim::SGD>(split, o, cfg.weight_decay);
+    return build<torch::optim::SGD>(split, o);
   }
   PT_INPUT_CHECK(cfg.lr_decay >= 0, "optimizer.params.lr_decay must be >= 0, got ", cfg.lr_decay);
   PT_INPUT_CHECK(cfg.initial_accumulator_value >= 0,
@@ -122,8 +95,10 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(
                .lr_decay(cfg.lr_decay)
                .initial_accumulator_value(cfg.initial_accumulator_value)
                .eps(cfg.eps);
-  return build<torch::optim::Adagrad>(split, o, cfg.weight_decay);
+  return build<torch::optim::Adagrad>(split, o);
 }
+
+}  // namespace
 
 void set_learning_rate(torch::optim::Optimizer& opt, double lr) {
   for (auto& group : opt.param_groups()) group.options().set_lr(lr);
@@ -147,11 +122,134 @@ void set_beta1_in(torch::optim::OptimizerOptions& options, double beta1) {
 }  // namespace
 
 void set_beta1(torch::optim::Optimizer& opt, double beta1) {
-  if (!has_betas(opt.defaults())) return;
+  PT_INPUT_CHECK(has_betas(opt.defaults()), "the LR schedule sets momentum (beta1 = ", beta1,
+                 "), but this optimizer has no beta1 (only Adam, AdamW and Lamb do); set "
+                 "scheduler.params.cycle_momentum to false or use one of those optimizers");
   PT_INPUT_CHECK(beta1 >= 0 && beta1 < 1, "momentum (beta1) ", beta1,
                  " from the schedule is outside [0, 1); check scheduler.params.decay_mom_rate");
   set_beta1_in(opt.defaults(), beta1);
   for (auto& group : opt.param_groups()) set_beta1_in(group.options(), beta1);
+}
+
+std::vector<ParamGroup> split_by_decay(const OptimizerConfig& cfg, const NamedParams& named_params) {
+  ParamGroup decay{{}, cfg.weight_decay}, exempt{{}, 0.0};
+  std::unordered_set<const void*> seen;  // tied weights appear under two names
+  for (const auto& [name, tensor] : named_params) {
+    PT_CHECK(tensor.defined(), "parameter '", name, "' is an undefined tensor");
+    if (!tensor.requires_grad()) continue;
+    if (!seen.insert(tensor.unsafeGetTensorImpl()).second) continue;
+    const bool no_decay = std::any_of(cfg.no_decay.begin(), cfg.no_decay.end(), [&](const std::string& s) {
+      return !s.empty() && name.find(s) != std::string::npos;
+    });
+    (no_decay ? exempt : decay).params.emplace_back(name, tensor);
+  }
+  PT_INPUT_CHECK(!decay.params.empty() || !exempt.params.empty(),
+                 "optimizer: the model has no parameters that require grad");
+  std::vector<ParamGroup> out;
+  for (auto* g : {&decay, &exempt})
+    if (!g->params.empty()) out.push_back(std::move(*g));
+  return out;
+}
+
+namespace {
+
+// A libtorch optimizer whose per-parameter state is of type State, saved by parameter name:
+// archive "names" lists them, sub-archive "s<i>" holds parameter i's state (absent: none yet).
+template <typename State>
+class TorchOptimizer final : public Optimizer {
+ public:
+  TorchOptimizer(std::string name, std::unique_ptr<torch::optim::Optimizer> opt, std::vector<ParamGroup> groups)
+      : name_(std::move(name)), opt_(std::move(opt)) {
+    for (auto& g : groups)
+      for (auto& [n, t] : g.params) params_.emplace_back(n, t);
+  }
+  std::string name() const override { return name_; }
+  void step() override { opt_->step(); }
+  void zero_grad() override {
+    for (auto& [n, p] : params_)
+      if (p.grad().defined()) p.mutable_grad().zero_();
+  }
+  void set_lr(double lr) override { set_learning_rate(*opt_, lr); }
+  bool has_beta1() const override { return has_betas(opt_->defaults()); }
+  void set_beta1(double beta1) override { polytrain::set_beta1(*opt_, beta1); }
+  torch::optim::Optimizer& torch_optimizer() override { return *opt_; }
+
+  void save(torch::serialize::OutputArchive& archive) const override {
+    using Key = typename std::decay_t<decltype(opt_->state())>::key_type;
+    std::vector<std::string> names;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      names.push_back(params_[i].first);
+      auto it = opt_->state().find(optimizer_state_key<Key>(params_[i].second));
+      if (it == opt_->state().end()) continue;
+      torch::serialize::OutputArchive one;
+      static_cast<const State&>(*it->second).serialize(one);
+      archive.write("s" + std::to_string(i), one);
+    }
+    archive.write("names", c10::IValue(c10::List<std::string>(names)));
+  }
+
+  void load(torch::serialize::InputArchive& archive, const std::string& origin) override {
+    using Key = typename std::decay_t<decltype(opt_->state())>::key_type;
+    c10::IValue names_iv;
+    archive.read("names", names_iv);
+    std::map<std::string, size_t> saved;
+    size_t i = 0;
+    for (const auto& n : names_iv.toListRef()) saved[n.toStringRef()] = i++;
+    std::vector<std::unique_ptr<State>> loaded(params_.size());
+    for (size_t k = 0; k < params_.size(); ++k) {
+      const auto& [name, p] = params_[k];
+      auto it = saved.find(name);
+      PT_INPUT_CHECK(it != saved.end(), origin, ": no optimizer state for parameter '", name,
+                     "' (saved from another model?)");
+      torch::serialize::InputArchive one;
+      if (!archive.try_read("s" + std::to_string(it->second), one)) continue;  // no step taken yet
+      check_shapes(one, p, name, origin);
+      auto state = std::make_unique<State>();
+      state->serialize(one);
+      loaded[k] = std::move(state);
+    }
+    PT_INPUT_CHECK(saved.size() == params_.size(), origin, ": optimizer state for ", saved.size(),
+                   " parameters, this optimizer has ", params_.size());
+    opt_->state().clear();
+    for (size_t k = 0; k < params_.size(); ++k)
+      if (loaded[k]) opt_->state()[optimizer_state_key<Key>(params_[k].second)] = std::move(loaded[k]);
+  }
+
+ private:
+  // Every tensor of a parameter's state has the parameter's shape (moments, accumulators).
+  static void check_shapes(torch::serialize::InputArchive& one, const at::Tensor& p, const std::string& name,
+                           const std::string& origin) {
+    for (const auto& key : one.keys()) {
+      c10::IValue v;
+      if (!one.try_read(key, v) || !v.isTensor()) continue;
+      const auto t = v.toTensor();
+      PT_INPUT_CHECK(t.dim() == 0 || t.sizes() == p.sizes(), origin, ": optimizer state '", key, "' of '", name,
+                     "' has shape ", t.sizes(), ", the parameter ", p.sizes());
+    }
+  }
+
+  std::string name_;
+  std::unique_ptr<torch::optim::Optimizer> opt_;
+  NamedParams params_;
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, std::vector<ParamGroup> groups) {
+  auto opt = build_torch(cfg, groups);
+  const std::string type = lower(cfg.type);
+  if (type == "adam" && !cfg.adam_w_mode)
+    return std::make_unique<TorchOptimizer<torch::optim::AdamParamState>>(cfg.type, std::move(opt), std::move(groups));
+  if (type == "adam" || type == "adamw")
+    return std::make_unique<TorchOptimizer<torch::optim::AdamWParamState>>(cfg.type, std::move(opt), std::move(groups));
+  if (type == "lamb") return std::make_unique<TorchOptimizer<LambParamState>>(cfg.type, std::move(opt), std::move(groups));
+  if (type == "sgd")
+    return std::make_unique<TorchOptimizer<torch::optim::SGDParamState>>(cfg.type, std::move(opt), std::move(groups));
+  return std::make_unique<TorchOptimizer<torch::optim::AdagradParamState>>(cfg.type, std::move(opt), std::move(groups));
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_torch_optimizer(const OptimizerConfig& cfg, const NamedParams& named_params) {
+  return build_torch(cfg, split_by_decay(cfg, named_params));
 }
 
 }  // namespace polytrain

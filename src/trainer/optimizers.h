@@ -1,6 +1,7 @@
-// Builds the optimizer named by the config (DeepSpeed's names, torch.optim's semantics) over
-// named parameters with the usual no-decay group, and sets LR / beta1 on it as a schedule
-// asks. Which LR to set when is lr_schedule.h's business; stepping it is the backend's.
+// polytrain's Optimizer interface (what every backend steps: whole parameters for pytorch /
+// pytorchDDP, flat fp32 partitions for ZeRO, local shards for tensor parallelism) and the
+// adapters over libtorch's optimizers and Lamb, built from the config with the usual no-decay
+// group. Which LR to set when is lr_schedule.h's business; calling step() is the backend's.
 #pragma once
 
 #include <memory>
@@ -14,12 +15,48 @@ namespace polytrain {
 
 struct OptimizerConfig;
 
-/// Builds the optimizer from the config over named parameters; parameters whose name contains
-/// any of cfg.no_decay substrings (biases, LayerNorm weights) go into a second group with
-/// weight_decay 0. Group 0 holds the decayed parameters, group 1 the others; a group that
-/// would be empty is left out. A tensor listed twice (tied weights) is kept once, under its
-/// first name; tensors that do not require grad are left out.
-/// type (case-insensitive):
+using NamedParams = std::vector<std::pair<std::string, torch::Tensor>>;
+
+/// One parameter group: its tensors by name and its weight decay.
+struct ParamGroup {
+  NamedParams params;
+  double weight_decay = 0.0;
+};
+
+/// Splits trainable parameters into the decayed group (weight_decay = cfg.weight_decay) and the
+/// exempt group (names containing any cfg.no_decay substring: biases, LayerNorm weights; decay 0),
+/// in that order, leaving out an empty group. A tensor listed twice (tied weights) is kept once,
+/// under its first name; tensors that do not require grad are left out. InputError when nothing
+/// is trainable. Usable on its own: ZeRO flattens each group into its own partitioned buffer.
+std::vector<ParamGroup> split_by_decay(const OptimizerConfig& cfg, const NamedParams& named_params);
+
+/// What a backend steps. Parameters are those given at construction (whole tensors, or a
+/// backend's partitions of them); state is saved and loaded by parameter name, so a backend
+/// that re-partitions can map it.
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  /// The config's type name ("AdamW", "SGD", ...), for messages.
+  virtual std::string name() const = 0;
+  /// One update from the parameters' .grad (parameters without a gradient are left alone).
+  virtual void step() = 0;
+  /// Clears gradients (zeroes them in place: backends keep .grad as views of flat buffers).
+  virtual void zero_grad() = 0;
+  virtual void set_lr(double lr) = 0;
+  /// Whether set_beta1 is meaningful (Adam, AdamW, Lamb).
+  virtual bool has_beta1() const = 0;
+  /// Sets beta1 of every group, keeping beta2 (OneCycle's momentum). InputError when the
+  /// optimizer has no beta1 or beta1 is outside [0, 1).
+  virtual void set_beta1(double beta1) = 0;
+  /// State by parameter name: the archive holds the names and each parameter's state.
+  virtual void save(torch::serialize::OutputArchive& archive) const = 0;
+  /// InputError naming the parameter when a saved state does not fit (missing, other shape).
+  virtual void load(torch::serialize::InputArchive& archive, const std::string& origin) = 0;
+  /// The libtorch optimizer underneath, for code that needs it (golden tests).
+  virtual torch::optim::Optimizer& torch_optimizer() = 0;
+};
+
+/// The Optimizer for cfg.type over `groups` (from split_by_decay, or a backend's partitions):
 ///   "AdamW", or "Adam" with adam_w_mode -> torch::optim::AdamW (decoupled decay)
 ///   "Adam" with adam_w_mode=false       -> torch::optim::Adam (L2 decay added to the gradient)
 ///   "SGD" -> torch::optim::SGD, "Adagrad" -> torch::optim::Adagrad, "Lamb" -> polytrain::Lamb
@@ -27,15 +64,20 @@ struct OptimizerConfig;
 /// whose libtorch implementations always correct (as torch.optim's do). Other bad values
 /// (unknown type, negative lr, beta outside [0, 1), amsgrad outside Adam) are InputError
 /// naming the optimizer.params key.
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(
-    const OptimizerConfig& cfg, const std::vector<std::pair<std::string, torch::Tensor>>& named_params);
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, std::vector<ParamGroup> groups);
+
+/// make_optimizer over split_by_decay(cfg, named_params), as a bare libtorch optimizer
+/// (group 0 decayed, group 1 not; an empty group left out).
+std::unique_ptr<torch::optim::Optimizer> make_torch_optimizer(const OptimizerConfig& cfg,
+                                                              const NamedParams& named_params);
 
 /// Sets the learning rate of every parameter group.
 void set_learning_rate(torch::optim::Optimizer& opt, double lr);
 
-/// Sets beta1 of every group of an Adam, AdamW or Lamb optimizer (OneCycle's momentum), keeping
-/// beta2; no-op for other optimizers (as DeepSpeed's OneCycle, which cycles only `betas`).
-/// InputError when beta1 is outside [0, 1) (OneCycle's decay_mom_rate can push it there).
+/// Sets beta1 of every group of an Adam, AdamW or Lamb optimizer, keeping beta2. InputError
+/// when the optimizer has no beta1 (a schedule that cycles momentum on SGD or Adagrad would
+/// otherwise be silently ignored) or when beta1 is outside [0, 1) (OneCycle's decay_mom_rate
+/// can push it there).
 void set_beta1(torch::optim::Optimizer& opt, double beta1);
 
 }  // namespace polytrain

@@ -1,30 +1,32 @@
-// The training loop. Order of one optimizer step (identical for every env_type):
-//   lr <- schedule(applied updates so far); for each micro-batch until backend->ready_to_step:
-//   batch <- this rank's slice of the global batch; loss <- forward_step; backend->backward(loss/GA);
-//   then backend->step (reduce, finite check, clip, update), reduce the logged loss, log/eval/save.
-// Sample order: a permutation per epoch (seed, epoch); global batch t takes positions
-// [t*B, (t+1)*B); micro-batch m of data-parallel rank r takes B/GA/dp consecutive positions
-// at t*B + (m*dp + r)*micro. So the set of samples in a global batch never depends on world size.
+// The training loop. One optimizer step (identical for every env_type, see train_step):
+//   lr <- schedule(updates applied so far); while the backend asks for another micro-batch of
+//   n samples: read this rank's n samples, loss <- forward_step, backward(loss * n / samples
+//   per step) -- so the step's gradient is the mean over its samples however they were split --
+//   then backend->step (reduce, finite check, clip, update), reduce the logged loss.
+// Around it: setup (checks, experiment folder by the rank with writes_logs, backend prepare),
+// resume, log / eval / save. Which samples a rank reads is SampleStream's (data/sample_order.h),
+// keyed by the backend's data shard, so the set of samples in a global batch never depends on
+// the world size.
 #include "trainer/trainer.h"
 
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <set>
 
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <torch/nn/module.h>
-#include <torch/optim/optimizer.h>
 #include <torch/serialize/archive.h>
 #include <torch/utils.h>
 
+#include "common/autocast.h"
 #include "common/error.h"
 #include "data/sample_order.h"
 #include "models/activation_checkpoint.h"
 #include "models/safetensors.h"
 #include "parallel/backend.h"
-#include "trainer/autocast.h"
 #include "trainer/checkpoint.h"
 #include "trainer/experiment.h"
 #include "trainer/lr_schedule.h"
@@ -36,11 +38,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string step_tag(int64_t step) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "global_step%lld", static_cast<long long>(step));
-  return buf;
-}
+using Clock = std::chrono::steady_clock;
+
+std::string step_tag(int64_t step) { return "global_step" + std::to_string(step); }
+
+std::string rank_file(int64_t rank) { return "rank_" + std::to_string(rank) + ".pt"; }
 
 std::string fmt(const char* f, double v) {
   char buf[64];
@@ -48,17 +50,26 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
 // fp16 / bf16 (DeepSpeed's `fp16.enabled` / `bf16.enabled`): the forward runs under autocast in
 // that type; parameters, gradients and optimizer state stay fp32 (the master weights).
-std::optional<c10::ScalarType> precision_type(const Config& cfg) {
-  if (cfg.fp16.enabled) return c10::kHalf;
-  if (cfg.bf16.enabled) return c10::kBFloat16;
-  return std::nullopt;
+std::unique_ptr<AutocastGuard> maybe_autocast(const Config& cfg, const c10::Device& device) {
+  if (cfg.fp16.enabled) return std::make_unique<AutocastGuard>(device.type(), c10::kHalf);
+  if (cfg.bf16.enabled) return std::make_unique<AutocastGuard>(device.type(), c10::kBFloat16);
+  return nullptr;
 }
 
-std::unique_ptr<AutocastGuard> maybe_autocast(const Config& cfg, const c10::Device& device) {
-  if (auto t = precision_type(cfg)) return std::make_unique<AutocastGuard>(device.type(), *t);
-  return nullptr;
+at::Tensor cpu_rng_state() {
+  auto rng = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(rng.mutex());
+  return rng.get_state();
+}
+
+void set_cpu_rng_state(const at::Tensor& state) {
+  auto rng = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(rng.mutex());
+  rng.set_state(state);
 }
 
 }  // namespace
@@ -70,105 +81,128 @@ Trainer::Trainer(Config cfg) : cfg_(std::move(cfg)), best_eval_loss_(std::numeri
 
 Trainer::~Trainer() = default;
 
+void Trainer::set_backend(std::unique_ptr<Backend> backend) {
+  PT_CHECK(!prepared_, "set_backend() after train() started");
+  backend_ = std::move(backend);
+}
+
+Backend& Trainer::backend() {
+  if (!backend_) backend_ = make_backend(cfg_);
+  return *backend_;
+}
+
 EvalResult Trainer::evaluate(torch::nn::Module& model, const BatchSource& eval_data) {
-  const auto& ctx = backend_->context();
+  Backend& b = backend();
+  const auto& ctx = b.context();
+  if (!prepared_) model.to(ctx.device);
+  const DataShard shard = b.data_shard();
   const int64_t micro = cfg_.batch.train_micro_batch_size_per_gpu;
   int64_t batches = eval_data.size() / micro;
   if (cfg_.data.eval_batches > 0) batches = std::min(batches, cfg_.data.eval_batches);
-  EvalResult r;
   model.eval();
   torch::NoGradGuard no_grad;
   double sum = 0.0;
   int64_t mine = 0;
-  // Eval micro-batches are dealt round-robin over data-parallel ranks; masks use epoch 0 so
-  // every evaluation sees the same data.
-  for (int64_t b = ctx.dp_rank; b < batches; b += ctx.dp_size) {
+  // Eval micro-batches are dealt round-robin over the data shard's members (a peer with its own
+  // stream evaluates all of them); masks use epoch 0 so every evaluation sees the same data.
+  const int64_t first = shard.own_stream ? 0 : shard.member, stride = shard.own_stream ? 1 : shard.members;
+  for (int64_t i = first; i < batches; i += stride) {
     std::vector<int64_t> idx(micro);
-    for (int64_t i = 0; i < micro; ++i) idx[i] = b * micro + i;
+    for (int64_t k = 0; k < micro; ++k) idx[k] = i * micro + k;
     auto batch = eval_data.make_batch(idx, 0).to(ctx.device);
     auto autocast = maybe_autocast(cfg_, ctx.device);
-    auto out = forward_step(batch, model);
-    sum += out.loss.item<double>();
+    sum += forward_step(batch, model).loss.item<double>();
     ++mine;
   }
   model.train();
   // Mean over all batches: reduce sums and counts separately.
-  const double total = backend_->reduce_metric(sum) * ctx.dp_size;
-  const double count = backend_->reduce_metric(static_cast<double>(mine)) * ctx.dp_size;
+  const double readers = shard.own_stream ? 1.0 : static_cast<double>(shard.members);
+  const double total = b.reduce_metric(sum) * readers;
+  const double count = b.reduce_metric(static_cast<double>(mine)) * readers;
+  EvalResult r;
   r.batches = static_cast<int64_t>(std::llround(count));
   r.loss = count > 0 ? total / count : std::numeric_limits<double>::quiet_NaN();
   r.perplexity = std::exp(r.loss);
   return r;
 }
 
-void Trainer::run_eval_and_record(torch::nn::Module& model, const BatchSource& eval_data, int64_t step) {
+void Trainer::run_eval_and_record(torch::nn::Module& model, const BatchSource& eval_data, const SampleStream& stream) {
   auto r = evaluate(model, eval_data);
-  metrics_->record(step, {{"eval_loss", r.loss}, {"eval_perplexity", r.perplexity}}, "eval/");
-  metrics_->print_line("eval step " + std::to_string(step) + " | eval_loss " + fmt("%.4f", r.loss) +
-                       " | perplexity " + fmt("%.2f", r.perplexity) + " | batches " +
-                       std::to_string(r.batches));
+  metrics_->record(step_, {{"eval_loss", r.loss}, {"eval_perplexity", r.perplexity}}, "eval/");
+  metrics_->print_line("eval step " + std::to_string(step_) + " | eval_loss " + fmt("%.4f", r.loss) +
+                       " | perplexity " + fmt("%.2f", r.perplexity) + " | batches " + std::to_string(r.batches));
   if (std::isfinite(r.loss) && (std::isnan(best_eval_loss_) || r.loss < best_eval_loss_)) {
     best_eval_loss_ = r.loss;
-    save(model, step, "best");
+    save(model, "best", stream);
   }
 }
 
-void Trainer::save(torch::nn::Module& model, int64_t step, const std::string& tag) {
-  const bool is_best = tag == "best";
-  nlohmann::json meta = {{"step", step},
-                         {"skipped_steps", skipped_steps_},
-                         {"loss_scaler", scaler_ ? scaler_->state() : nlohmann::json(nullptr)},
-                         {"best_eval_loss", std::isnan(best_eval_loss_) ? nlohmann::json(nullptr)
-                                                                       : nlohmann::json(best_eval_loss_)},
-                         {"world_size", backend_->context().world_size},
-                         {"dp_size", backend_->context().dp_size},
-                         {"env_type", cfg_.trainer.env_type},
-                         {"config", config_to_json(cfg_)}};
-  if (!backend_->context().is_main()) return;  // rank 0 writes the (unsharded) state
-  auto rng = at::detail::getDefaultCPUGenerator();
-  at::Tensor rng_state;
-  {
-    std::lock_guard<std::mutex> lock(rng.mutex());
-    rng_state = rng.get_state();
+// Every rank writes its part (see checkpoint.h): the consolidated model by the writes_model rank,
+// the backend's shard where it has one, and its own RNG state and stream position.
+void Trainer::save(torch::nn::Module& model, const std::string& tag, const SampleStream& stream) {
+  Backend& b = *backend_;
+  const RankContext& ctx = b.context();
+  const NamedTensors full = b.full_state(model);  // collective
+  CheckpointWriter w(save_dir_, tag,
+                     CheckpointGroup{ctx.rank, ctx.world_size, ctx.commits_checkpoints, [&b] { b.barrier(); }});
+  if (ctx.writes_model) {
+    torch::serialize::OutputArchive a, m;
+    save_named_tensors(full, m);
+    a.write("model", m);
+    w.write_archive("state.pt", a);
+    if (cfg_.trainer.save_safetensors) {
+      std::set<std::string> params;
+      for (const auto& p : model.named_parameters(true)) params.insert(p.key());
+      std::vector<std::pair<std::string, torch::Tensor>> tensors;
+      for (const auto& [name, t] : full)
+        if (params.count(name)) tensors.emplace_back(name, t.detach().cpu());
+      save_safetensors((fs::path(w.tmp_dir()) / "model.safetensors").string(), tensors, {{"format", "pt"}});
+      w.add_file("model.safetensors");
+    }
   }
-  write_checkpoint(
-      save_dir_, tag, meta,
-      [&](torch::serialize::OutputArchive& a) {
-        torch::serialize::OutputArchive m, b;
-        save_module(model, m);
-        backend_->save_state(b);
-        a.write("model", m);
-        a.write("backend", b);
-        a.write("cpu_rng_state", rng_state);
-      },
-      /*set_latest=*/!is_best,
-      [&](const std::string& tmp) {
-        if (!cfg_.trainer.save_safetensors) return;
-        std::vector<std::pair<std::string, torch::Tensor>> tensors;
-        for (const auto& p : model.named_parameters(true)) tensors.emplace_back(p.key(), p.value().detach().cpu());
-        save_safetensors((fs::path(tmp) / "model.safetensors").string(), tensors, {{"format", "pt"}});
-      });
+  if (b.writes_shard()) {
+    torch::serialize::OutputArchive s;
+    b.save_shard(s);
+    w.write_archive(ShardReader::file_name(ctx.rank), s);
+  }
+  torch::serialize::OutputArchive own;
+  own.write("cpu_rng_state", cpu_rng_state());
+  own.write("stream_cursor", torch::tensor({stream.cursor()}, torch::kLong));
+  w.write_archive(rank_file(ctx.rank), own);
+  const nlohmann::json meta = {
+      {"step", step_},
+      {"applied_steps", applied_},
+      {"skipped_steps", skipped_steps_},
+      {"loss_scaler", scaler_ ? scaler_->state() : nlohmann::json(nullptr)},
+      {"best_eval_loss", std::isnan(best_eval_loss_) ? nlohmann::json(nullptr) : nlohmann::json(best_eval_loss_)},
+      {"world_size", ctx.world_size},
+      {"dp_size", ctx.dp_size},
+      {"grid", {{"world", ctx.world_size}, {"tp", ctx.tp_size}, {"dp", ctx.dp_size}, {"pp", ctx.pp_size}}},
+      {"env_type", b.name()},
+      {"config", config_to_json(cfg_)}};
+  const bool is_best = tag == "best";
+  w.commit(meta, /*set_latest=*/!is_best);
   if (is_best) return;
   saved_tags_.push_back(tag);
   while (cfg_.trainer.keep_last > 0 && static_cast<int64_t>(saved_tags_.size()) > cfg_.trainer.keep_last) {
-    remove_checkpoint(save_dir_, saved_tags_.front());
+    if (ctx.commits_checkpoints) remove_checkpoint(save_dir_, saved_tags_.front());
     saved_tags_.erase(saved_tags_.begin());
   }
 }
 
-TrainResult Trainer::train(std::shared_ptr<torch::nn::Module> model, const BatchSource& train_data,
-                           const BatchSource* eval_data) {
-  PT_CHECK(model, "train() needs a model");
-  backend_ = make_backend(cfg_);
-  const RankContext& ctx = backend_->context();
+void Trainer::setup(const std::shared_ptr<torch::nn::Module>& model, const BatchSource& train_data) {
+  Backend& b = backend();
+  const RankContext& ctx = b.context();
   const auto& opts = cfg_.trainer;
   const int64_t global_batch = cfg_.batch.train_batch_size;
-  const int64_t micro = cfg_.batch.train_micro_batch_size_per_gpu;
   const int64_t per_epoch = train_data.size() / global_batch;
-  PT_INPUT_CHECK(per_epoch > 0, "the training split has ", train_data.size(),
-                 " samples, fewer than train_batch_size ", global_batch);
-  const int64_t total_steps = opts.max_steps > 0 ? opts.max_steps : opts.epochs * per_epoch;
-
+  PT_INPUT_CHECK(per_epoch > 0, "the training split has ", train_data.size(), " samples, fewer than train_batch_size ",
+                 global_batch);
+  PT_INPUT_CHECK(b.data_shard().own_stream || cfg_.batch.world_size == ctx.dp_size,
+                 "the batch sizes were resolved for a data-parallel size of ", cfg_.batch.world_size, ", but ", b.name(),
+                 " runs ", ctx.dp_size, " data-parallel ranks (world ", ctx.world_size, " / model_parallel_size ",
+                 ctx.tp_size, ")");
+  total_steps_ = opts.max_steps > 0 ? opts.max_steps : opts.epochs * per_epoch;
   // Precision and memory options are checked before anything is written.
   PT_INPUT_CHECK(!cfg_.fp16.enabled || ctx.device.is_cuda(),
                  "fp16.enabled needs a CUDA device (trainer.pytorch_device cuda); on CPU use bf16.enabled");
@@ -179,122 +213,162 @@ TrainResult Trainer::train(std::shared_ptr<torch::nn::Module> model, const Batch
                        "block) is on, but this model does not implement polytrain::ActivationCheckpointing");
     ac->set_activation_checkpointing(true);
   }
-
-  if (ctx.is_main()) {
-    experiment_dir_ = create_experiment_dir(opts, config_to_json(cfg_));
-  }
-  save_dir_ = opts.save_dir.empty() ? (fs::path(experiment_dir_) / "checkpoints").string() : opts.save_dir;
-  metrics_ = std::make_unique<MetricsLogger>(cfg_, experiment_dir_, ctx.is_main());
-
-  backend_->prepare(model, cfg_);
+  if (ctx.writes_logs) experiment_dir_ = create_experiment_dir(opts, config_to_json(cfg_));
+  // Every rank writes into the same checkpoint folder; only the folder's creator knows its name.
+  save_dir_ = opts.save_dir.empty() ? b.share((fs::path(experiment_dir_) / "checkpoints").string()) : opts.save_dir;
+  metrics_ = std::make_unique<MetricsLogger>(cfg_, experiment_dir_, ctx.writes_logs);
+  b.prepare(model, cfg_);
+  prepared_ = true;
   model->train();
-  auto schedule = make_lr_schedule(cfg_.scheduler, cfg_.optimizer.lr);
+  schedule_ = make_lr_schedule(cfg_.scheduler, cfg_.optimizer.lr);
+}
 
-  int64_t step = 0;
+void Trainer::resume(torch::nn::Module& model, SampleStream& stream) {
+  const auto& opts = cfg_.trainer;
+  if (opts.load_dir.empty()) return;
   // --load_dir D --save_dir D on a first start (or a restart before the first save): nothing
   // to resume yet, so start at step 0, as DeepSpeed's load_checkpoint does without 'latest'.
-  const bool nothing_saved_yet = !opts.load_dir.empty() && !fs::exists(fs::path(opts.load_dir) / "latest") &&
-                                 fs::weakly_canonical(opts.load_dir) == fs::weakly_canonical(save_dir_);
-  if (nothing_saved_yet) metrics_->print_line("no checkpoint in " + opts.load_dir + " yet: starting at step 0");
-  if (!opts.load_dir.empty() && !nothing_saved_yet) {
-    const std::string tag = latest_checkpoint_tag(opts.load_dir);
-    at::Tensor rng_state;
-    auto meta = read_checkpoint(opts.load_dir, tag, [&](torch::serialize::InputArchive& a) {
-      torch::serialize::InputArchive m, b;
-      a.read("model", m);
-      load_module(*model, m, opts.load_dir + "/" + tag + "/state.pt");
-      a.read("backend", b);
-      backend_->load_state(b);
-      a.read("cpu_rng_state", rng_state);
-    });
-    step = meta.at("step").get<int64_t>();
-    skipped_steps_ = meta.value("skipped_steps", int64_t{0});
-    if (scaler_ && meta.contains("loss_scaler") && !meta["loss_scaler"].is_null()) scaler_->load_state(meta["loss_scaler"]);
-    if (meta.contains("best_eval_loss") && meta["best_eval_loss"].is_number())
-      best_eval_loss_ = meta["best_eval_loss"].get<double>();
-    auto rng = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(rng.mutex());
-    rng.set_state(rng_state);
-    metrics_->print_line("resumed from " + opts.load_dir + "/" + tag + " at step " + std::to_string(step) +
-                         " (saved at world size " + std::to_string(meta.value("world_size", 1)) + ")");
+  if (!fs::exists(fs::path(opts.load_dir) / "latest") &&
+      fs::weakly_canonical(opts.load_dir) == fs::weakly_canonical(save_dir_)) {
+    metrics_->print_line("no checkpoint in " + opts.load_dir + " yet: starting at step 0");
+    return;
   }
+  Backend& b = *backend_;
+  const RankContext& ctx = b.context();
+  const std::string tag = latest_checkpoint_tag(opts.load_dir);
+  const CheckpointReader ck(opts.load_dir, tag);
+  const auto& meta = ck.meta();
+  ck.read_archive("state.pt", [&](torch::serialize::InputArchive& a) {
+    torch::serialize::InputArchive m;
+    a.read("model", m);
+    b.load_full_state(model, load_named_tensors_archive(m), ck.path("state.pt"));
+  });
+  ShardReader shards(ck);
+  b.load_shards(shards);
+  // A rank of the same layout resumes its own RNG and stream; at another layout every rank
+  // starts from rank 0's (data-parallel ranks draw the same random numbers).
+  const int64_t saved_world = meta.value("world_size", int64_t{1});
+  const std::string own = saved_world == ctx.world_size && ck.has_file(rank_file(ctx.rank)) ? rank_file(ctx.rank) : rank_file(0);
+  ck.read_archive(own, [&](torch::serialize::InputArchive& a) {
+    at::Tensor rng, cursor;
+    a.read("cpu_rng_state", rng);
+    a.read("stream_cursor", cursor);
+    set_cpu_rng_state(rng);
+    stream.set_cursor(cursor.item<int64_t>());
+  });
+  step_ = meta.at("step").get<int64_t>();
+  skipped_steps_ = meta.value("skipped_steps", int64_t{0});
+  applied_ = meta.value("applied_steps", step_ - skipped_steps_);
+  if (scaler_ && meta.contains("loss_scaler") && !meta["loss_scaler"].is_null()) scaler_->load_state(meta["loss_scaler"]);
+  if (meta.contains("best_eval_loss") && meta["best_eval_loss"].is_number())
+    best_eval_loss_ = meta["best_eval_loss"].get<double>();
+  metrics_->print_line("resumed from " + opts.load_dir + "/" + tag + " at step " + std::to_string(step_) +
+                       " (saved at world size " + std::to_string(saved_world) + ")");
+}
 
+StepResult Trainer::train_step(torch::nn::Module& model, const BatchSource& data, SampleStream& stream,
+                               const StepRequest& request, double* loss) {
+  Backend& b = *backend_;
+  const c10::Device device = b.context().device;
+  const int64_t readers = b.data_shard().members;
+  const double per_step = static_cast<double>(b.samples_per_step());
+  double loss_sum = 0.0;  // sum over micro-batches of (mean loss x samples)
+  int64_t m = 0, samples = 0;
+  for (int64_t n; (n = b.next_micro_batch(m, samples)) > 0; ++m) {
+    auto t0 = Clock::now();
+    const auto draw = stream.next(step_, samples * readers, n);
+    epoch_ = draw.epoch;
+    Batch batch = data.make_batch(draw.indices, draw.epoch).to(device);
+    ModelOutput out;
+    {
+      auto autocast = maybe_autocast(cfg_, device);
+      out = forward_step(batch, model);
+    }
+    PT_CHECK(out.loss.defined(), "forward_step returned no loss");
+    interval_ms_[1] += ms_since(t0);
+    t0 = Clock::now();
+    at::Tensor scaled = out.loss;
+    if (request.loss_scale != 1.0) scaled = scaled.to(torch::kFloat) * request.loss_scale;  // a power of 2: exact
+    const bool last = b.next_micro_batch(m + 1, samples + n) == 0;
+    b.backward(scaled / (per_step / static_cast<double>(n)), MicroStep{n, last});
+    interval_ms_[2] += ms_since(t0);
+    loss_sum += out.loss.detach().item<double>() * static_cast<double>(n);
+    samples += n;
+  }
+  PT_CHECK(samples > 0, b.name(), " asked for no micro-batch in step ", step_ + 1);
+  const auto t0 = Clock::now();
+  const StepResult r = b.step(request, step_);
+  interval_ms_[3] += ms_since(t0);
+  *loss = b.reduce_metric(loss_sum / static_cast<double>(samples));
+  return r;
+}
+
+void Trainer::record_step(const StepResult& r, double loss, double lr) {
+  step_ = r.global_step;
+  if (r.outcome == StepOutcome::kApplied) ++applied_;
+  if (r.outcome == StepOutcome::kSkippedNonFinite) ++skipped_steps_;
+  if (scaler_ && r.outcome != StepOutcome::kNoUpdate) {
+    const std::string what = scaler_->update(!r.applied());
+    if (!what.empty()) metrics_->print_line("step " + std::to_string(step_) + ": " + what);
+  } else if (r.outcome == StepOutcome::kSkippedNonFinite) {
+    metrics_->print_line("step " + std::to_string(step_) + ": non-finite gradients, update skipped");
+  }
+  ++interval_steps_;
+  const double ms_per_step = interval_ms_[0] / static_cast<double>(interval_steps_);
+  metrics_->progress(step_, total_steps_, loss, ms_per_step);
+  const auto& opts = cfg_.trainer;
+  if (!((opts.log_interval > 0 && step_ % opts.log_interval == 0) || step_ >= total_steps_)) return;
+  const double samples_per_s = 1000.0 * static_cast<double>(r.samples) / ms_per_step;
+  nlohmann::json fields = {{"loss", loss},
+                           {"lr", lr},
+                           {"grad_norm", r.grad_norm},
+                           {"samples_per_second", samples_per_s},
+                           {"ms_per_step", ms_per_step},
+                           {"epoch", epoch_},
+                           {"skipped_steps", skipped_steps_},
+                           {"loss_scale", scaler_ ? scaler_->scale() : 1.0}};
+  std::string line = "step " + std::to_string(step_) + "/" + std::to_string(total_steps_) + " | " +
+                     fmt("%.1f", ms_per_step) + " ms/step | lr " + fmt("%.3e", lr) + " | loss " + fmt("%.4f", loss) +
+                     " | " + fmt("%.1f", samples_per_s) + " samples/s" +
+                     (scaler_ ? " | loss scale " + fmt("%.0f", scaler_->scale()) : "");
+  if (cfg_.wall_clock_breakdown) {  // DeepSpeed's timers: where the step's time went
+    const double n = static_cast<double>(interval_steps_);
+    fields["forward_ms"] = interval_ms_[1] / n, fields["backward_ms"] = interval_ms_[2] / n;
+    fields["step_ms"] = interval_ms_[3] / n;
+    line += " | forward " + fmt("%.1f", interval_ms_[1] / n) + " ms, backward " + fmt("%.1f", interval_ms_[2] / n) +
+            " ms, step " + fmt("%.1f", interval_ms_[3] / n) + " ms";
+  }
+  metrics_->record(step_, fields, "train/");
+  metrics_->print_line(line);
+  interval_steps_ = 0;
+  for (double& t : interval_ms_) t = 0.0;
+}
+
+TrainResult Trainer::train(std::shared_ptr<torch::nn::Module> model, const BatchSource& train_data,
+                           const BatchSource* eval_data) {
+  PT_CHECK(model, "train() needs a model");
+  setup(model, train_data);
+  const DataShard shard = backend_->data_shard();
+  SampleStream stream(train_data.size(), cfg_.trainer.seed, cfg_.batch.train_batch_size, shard.member, shard.members,
+                      shard.own_stream);
+  resume(*model, stream);
+  const auto& opts = cfg_.trainer;
   TrainResult result;
-  std::vector<int64_t> order;
-  int64_t order_epoch = -1;
-  auto interval_start = std::chrono::steady_clock::now();
-  int64_t interval_steps = 0;
-  double ms_per_step = 0.0;
-
-  while (step < total_steps) {
-    const int64_t epoch = step / per_epoch;
-    if (epoch != order_epoch) {
-      order = epoch_permutation(train_data.size(), opts.seed, epoch);
-      order_epoch = epoch;
-    }
-    const int64_t base = (step % per_epoch) * global_batch;
-    const int64_t lr_step = step - skipped_steps_;
-    const double lr = schedule->lr(lr_step);
-    const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
-
-    double loss_sum = 0.0;
-    int64_t m = 0;
-    for (; !backend_->ready_to_step(m); ++m) {
-      const int64_t start = base + (m * ctx.dp_size + ctx.dp_rank) * micro;
-      PT_CHECK(start + micro <= base + global_batch, "micro-batch ", m, " overruns the global batch");
-      std::vector<int64_t> idx(order.begin() + start, order.begin() + start + micro);
-      Batch batch = train_data.make_batch(idx, epoch).to(ctx.device);
-      ModelOutput out;
-      {
-        auto autocast = maybe_autocast(cfg_, ctx.device);
-        out = forward_step(batch, *model);
-      }
-      PT_CHECK(out.loss.defined(), "forward_step returned no loss");
-      const int64_t accumulation = cfg_.batch.gradient_accumulation_steps;
-      at::Tensor scaled = out.loss;
-      if (loss_scale != 1.0) scaled = scaled.to(torch::kFloat) * loss_scale;  // a power of 2: exact
-      backend_->backward(scaled / static_cast<double>(accumulation));
-      loss_sum += out.loss.detach().item<double>();
-    }
-    const StepResult sr = backend_->step(lr, schedule->momentum(lr_step), loss_scale);
-    const double loss = backend_->reduce_metric(loss_sum / static_cast<double>(m));
-    ++step;
-    ++interval_steps;
+  while (step_ < total_steps_) {
+    const auto t0 = Clock::now();
+    const StepRequest request{schedule_->lr(applied_), schedule_->momentum(applied_), scaler_ ? scaler_->scale() : 1.0};
+    double loss = 0.0;
+    const StepResult r = train_step(*model, train_data, stream, request, &loss);
+    interval_ms_[0] += ms_since(t0);
     result.losses.push_back(loss);
-    if (!sr.applied) ++skipped_steps_;
-    if (scaler_) {
-      const std::string what = scaler_->update(!sr.applied);
-      if (!what.empty()) metrics_->print_line("step " + std::to_string(step) + ": " + what);
-    } else if (!sr.applied) {
-      metrics_->print_line("step " + std::to_string(step) + ": non-finite gradients, update skipped");
-    }
-
-    const auto now = std::chrono::steady_clock::now();
-    const double elapsed_ms = std::chrono::duration<double, std::milli>(now - interval_start).count();
-    ms_per_step = elapsed_ms / static_cast<double>(interval_steps);
-    metrics_->progress(step, total_steps, loss, ms_per_step);
-    if ((opts.log_interval > 0 && step % opts.log_interval == 0) || step == total_steps) {
-      const double samples_per_s = 1000.0 * global_batch / ms_per_step;
-      metrics_->record(step,
-                       {{"loss", loss}, {"lr", lr}, {"grad_norm", sr.grad_norm},
-                        {"samples_per_second", samples_per_s}, {"ms_per_step", ms_per_step},
-                        {"epoch", epoch}, {"skipped_steps", skipped_steps_},
-                        {"loss_scale", scaler_ ? scaler_->scale() : 1.0}},
-                       "train/");
-      metrics_->print_line("step " + std::to_string(step) + "/" + std::to_string(total_steps) + " | " +
-                           fmt("%.1f", ms_per_step) + " ms/step | lr " + fmt("%.3e", lr) + " | loss " +
-                           fmt("%.4f", loss) + " | " + fmt("%.1f", samples_per_s) + " samples/s" +
-                           (scaler_ ? " | loss scale " + fmt("%.0f", scaler_->scale()) : ""));
-      interval_start = std::chrono::steady_clock::now();
-      interval_steps = 0;
-    }
-    if (eval_data && opts.eval_interval > 0 && (step % opts.eval_interval == 0 || step == total_steps))
-      run_eval_and_record(*model, *eval_data, step);
-    if ((opts.save_interval > 0 && step % opts.save_interval == 0) || step == total_steps)
-      save(*model, step, step_tag(step));
+    record_step(r, loss, request.lr);
+    if (eval_data && opts.eval_interval > 0 && (step_ % opts.eval_interval == 0 || step_ >= total_steps_))
+      run_eval_and_record(*model, *eval_data, stream);
+    if ((opts.save_interval > 0 && step_ % opts.save_interval == 0) || step_ >= total_steps_)
+      save(*model, step_tag(step_), stream);
   }
   metrics_->finish();
-  result.steps = step;
+  result.steps = step_;
   result.skipped_steps = skipped_steps_;
   result.loss_scale = scaler_ ? scaler_->scale() : 1.0;
   result.best_eval_loss = best_eval_loss_;

@@ -1,6 +1,7 @@
 // Trainer: the one training loop for every env_type (FlagAI's Trainer in C++). Users subclass
-// it and override forward_step; the loop never branches on env_type, it talks to a Backend.
-// Checkpoint format lives in checkpoint.h, metric sinks in metrics.h, the run folder in experiment.h.
+// it and override forward_step; the loop never branches on env_type, it talks to a Backend
+// (parallel/backend.h). Checkpoint format lives in checkpoint.h, metric sinks in metrics.h,
+// the run folder in experiment.h.
 #pragma once
 
 #include <memory>
@@ -21,6 +22,9 @@ namespace polytrain {
 class Backend;
 class LrSchedule;
 class MetricsLogger;
+class SampleStream;
+struct StepRequest;
+struct StepResult;
 
 /// What train() did.
 struct TrainResult {
@@ -56,7 +60,12 @@ class Trainer {
                     const BatchSource* eval_data = nullptr);
 
   /// Mean loss over the first data.eval_batches micro-batches of eval_data (all when 0).
+  /// Usable before train(): the model then runs where the backend puts it.
   EvalResult evaluate(torch::nn::Module& model, const BatchSource& eval_data);
+
+  /// Runs on `backend` instead of the one trainer.env_type names (tests, custom backends).
+  /// Call before train() or evaluate().
+  void set_backend(std::unique_ptr<Backend> backend);
 
   const Config& config() const { return cfg_; }
 
@@ -64,17 +73,33 @@ class Trainer {
   Config cfg_;
 
  private:
-  void run_eval_and_record(torch::nn::Module& model, const BatchSource& eval_data, int64_t step);
-  void save(torch::nn::Module& model, int64_t step, const std::string& tag);
+  Backend& backend();
+  void setup(const std::shared_ptr<torch::nn::Module>& model, const BatchSource& train_data);
+  void resume(torch::nn::Module& model, SampleStream& stream);
+  StepResult train_step(torch::nn::Module& model, const BatchSource& data, SampleStream& stream,
+                        const StepRequest& request, double* loss);
+  void record_step(const StepResult& r, double loss, double lr);
+  void run_eval_and_record(torch::nn::Module& model, const BatchSource& eval_data, const SampleStream& stream);
+  void save(torch::nn::Module& model, const std::string& tag, const SampleStream& stream);
 
   std::unique_ptr<Backend> backend_;
+  bool prepared_ = false;
   std::unique_ptr<MetricsLogger> metrics_;
+  std::unique_ptr<LrSchedule> schedule_;
+  std::optional<LossScaler> scaler_;  ///< fp16 only
   std::string experiment_dir_;
   std::string save_dir_;
-  int64_t skipped_steps_ = 0;
-  double best_eval_loss_;
   std::vector<std::string> saved_tags_;
-  std::optional<LossScaler> scaler_;  ///< fp16 only
+  // Progress (saved in checkpoints):
+  int64_t step_ = 0;           ///< optimizer steps taken (the backend's global step)
+  int64_t applied_ = 0;        ///< updates applied: the LR schedule's step
+  int64_t skipped_steps_ = 0;  ///< updates skipped for non-finite gradients
+  double best_eval_loss_;
+  int64_t total_steps_ = 0;
+  int64_t epoch_ = 0;          ///< epoch of the last samples read (logged)
+  // Log interval accounting:
+  int64_t interval_steps_ = 0;
+  double interval_ms_[4] = {0, 0, 0, 0};  ///< wall, forward, backward, step
 };
 
 }  // namespace polytrain

@@ -188,7 +188,6 @@ class MpiCommunicator : public Communicator {
 
 }  // namespace
 
-bool started_by_mpirun() { return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE"); }
 
 std::unique_ptr<Communicator> make_mpi_communicator(std::chrono::milliseconds timeout) {
   ensure_initialized();

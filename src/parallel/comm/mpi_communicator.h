@@ -11,7 +11,6 @@ namespace polytrain {
 /// MPI_COMM_WORLD (MPI is initialised on first use and finalised at exit).
 std::unique_ptr<Communicator> make_mpi_communicator(std::chrono::milliseconds timeout);
 
-/// True when this process was started by an MPI launcher (OMPI_COMM_WORLD_SIZE or PMI_SIZE).
-bool started_by_mpirun();
+
 
 }  // namespace polytrain

@@ -1,5 +1,5 @@
 // LibTorch renamed the autocast controls in 2.4 (per device type instead of cpu/gpu pairs).
-#include "trainer/autocast.h"
+#include "common/autocast.h"
 
 #include <ATen/autocast_mode.h>
 #include <torch/version.h>

@@ -1,0 +1,52 @@
+// What pytorch and pytorchDDP share: every rank holds every parameter and the same optimizer
+// state. The batch is a fixed number of equal micro-batches (DeepSpeed's
+// gradient_accumulation_steps); the optimizer state is saved once, from rank 0, and loads at
+// any world size. Subclasses add communication (or none).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallel/backend.h"
+#include "parallel/update.h"
+
+namespace polytrain {
+
+class Optimizer;
+
+class ReplicatedBackend : public Backend {
+ public:
+  ~ReplicatedBackend() override;
+  const RankContext& context() const override { return ctx_; }
+  int64_t samples_per_step() const override { return micro_ * accumulation_; }
+  int64_t next_micro_batch(int64_t micro_steps_done, int64_t samples_done) const override;
+  bool writes_shard() const override { return ctx_.rank == 0; }
+  void save_shard(torch::serialize::OutputArchive& archive) override;
+  void load_shards(ShardReader& reader) override;
+
+ protected:
+  explicit ReplicatedBackend(const Config& cfg);
+  /// Moves the model to the device and builds the optimizer over its trainable parameters
+  /// (params_ / names_ in registration order).
+  void build(std::shared_ptr<torch::nn::Module> model, const Config& cfg);
+  /// The shared update over identical gradients (no norm reduction: every rank has all of
+  /// them) for the step after `step`. Gradients are left for the caller to clear.
+  StepResult update(const StepRequest& request, int64_t step);
+
+  RankContext ctx_;
+  int64_t micro_ = 1;
+  int64_t accumulation_ = 1;
+  int64_t global_batch_ = 1;
+  double clip_ = 0.0;
+  std::shared_ptr<torch::nn::Module> model_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::vector<at::Tensor> params_;
+  std::vector<std::string> names_;
+};
+
+/// Parses trainer.pytorch_device ("cpu", "cuda", "cuda:N"); InputError when CUDA is asked for
+/// and not available.
+c10::Device parse_device(const std::string& spec);
+
+}  // namespace polytrain
