@@ -14,10 +14,10 @@
 
 #include <torch/torch.h>
 
-#include "common/config.h"
-#include "models/bert.h"
-#include "parallel/update.h"
-#include "trainer/optimizers.h"
+#include "polytrain/common/config.h"
+#include "polytrain/models/bert.h"
+#include "polytrain/parallel/update.h"
+#include "polytrain/trainer/optimizers.h"
 
 using namespace polytrain;
 

@@ -12,11 +12,11 @@
 
 #include <torch/torch.h>
 
-#include "common/config.h"
-#include "models/bert.h"
-#include "parallel/comm/communicator.h"
-#include "parallel/ddp/ddp_backend.h"
-#include "parallel/single/single_backend.h"
+#include "polytrain/common/config.h"
+#include "polytrain/models/bert.h"
+#include "polytrain/parallel/comm/communicator.h"
+#include "polytrain/parallel/ddp/ddp_backend.h"
+#include "polytrain/parallel/single/single_backend.h"
 
 using namespace polytrain;
 using Clock = std::chrono::steady_clock;

@@ -13,7 +13,7 @@
 
 #include <torch/torch.h>
 
-#include "models/gpt2.h"
+#include "polytrain/models/gpt2.h"
 
 using namespace polytrain;
 

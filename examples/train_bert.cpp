@@ -7,16 +7,16 @@
 
 #include <CLI/CLI.hpp>
 
-#include "common/dist_env.h"
-#include "common/cli_config.h"
-#include "common/error.h"
-#include "common/main_guard.h"
-#include "data/mlm_collator.h"
-#include "data/mlm_source.h"
-#include "data/text_dataset.h"
-#include "data/wordpiece.h"
-#include "models/bert.h"
-#include "trainer/trainer.h"
+#include "polytrain/common/dist_env.h"
+#include "polytrain/common/cli_config.h"
+#include "polytrain/common/error.h"
+#include "polytrain/common/main_guard.h"
+#include "polytrain/data/mlm_collator.h"
+#include "polytrain/data/mlm_source.h"
+#include "polytrain/data/text_dataset.h"
+#include "polytrain/data/wordpiece.h"
+#include "polytrain/models/bert.h"
+#include "polytrain/trainer/trainer.h"
 
 using namespace polytrain;
 

@@ -9,16 +9,16 @@
 
 #include <CLI/CLI.hpp>
 
-#include "common/cli_config.h"
-#include "common/dist_env.h"
-#include "common/error.h"
-#include "common/main_guard.h"
-#include "data/causal_lm_source.h"
-#include "data/gpt2_bpe.h"
-#include "data/text_dataset.h"
-#include "models/gpt2.h"
-#include "models/hf_pretrained.h"
-#include "trainer/trainer.h"
+#include "polytrain/common/cli_config.h"
+#include "polytrain/common/dist_env.h"
+#include "polytrain/common/error.h"
+#include "polytrain/common/main_guard.h"
+#include "polytrain/data/causal_lm_source.h"
+#include "polytrain/data/gpt2_bpe.h"
+#include "polytrain/data/text_dataset.h"
+#include "polytrain/models/gpt2.h"
+#include "polytrain/models/hf_pretrained.h"
+#include "polytrain/trainer/trainer.h"
 
 using namespace polytrain;
 

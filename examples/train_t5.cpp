@@ -8,16 +8,16 @@
 
 #include <CLI/CLI.hpp>
 
-#include "common/cli_config.h"
-#include "common/dist_env.h"
-#include "common/error.h"
-#include "common/main_guard.h"
-#include "data/sentencepiece_tokenizer.h"
-#include "data/span_corruption.h"
-#include "data/text_dataset.h"
-#include "models/hf_pretrained.h"
-#include "models/t5.h"
-#include "trainer/trainer.h"
+#include "polytrain/common/cli_config.h"
+#include "polytrain/common/dist_env.h"
+#include "polytrain/common/error.h"
+#include "polytrain/common/main_guard.h"
+#include "polytrain/data/sentencepiece_tokenizer.h"
+#include "polytrain/data/span_corruption.h"
+#include "polytrain/data/text_dataset.h"
+#include "polytrain/models/hf_pretrained.h"
+#include "polytrain/models/t5.h"
+#include "polytrain/trainer/trainer.h"
 
 using namespace polytrain;
 

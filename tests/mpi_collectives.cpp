@@ -2,7 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "helpers/collective_suite.h"
-#include "parallel/comm/mpi_communicator.h"
+#include "polytrain/parallel/comm/mpi_communicator.h"
 
 TEST(MpiSuite, AllCollectives) {
   at::set_num_threads(1);

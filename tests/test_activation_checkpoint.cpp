@@ -8,10 +8,10 @@
 #include <cmath>
 #include <cstdio>
 
-#include "common/config.h"
-#include "models/activation_checkpoint.h"
-#include "models/bert.h"
-#include "common/autocast.h"
+#include "polytrain/common/config.h"
+#include "polytrain/models/activation_checkpoint.h"
+#include "polytrain/models/bert.h"
+#include "polytrain/common/autocast.h"
 
 namespace polytrain {
 namespace {

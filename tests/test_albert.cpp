@@ -14,12 +14,12 @@
 
 #include <torch/torch.h>
 
-#include "common/config.h"
-#include "common/error.h"
+#include "polytrain/common/config.h"
+#include "polytrain/common/error.h"
 #include "helpers/hf_parity.h"
-#include "models/albert.h"
-#include "models/hf_pretrained.h"
-#include "models/safetensors.h"
+#include "polytrain/models/albert.h"
+#include "polytrain/models/hf_pretrained.h"
+#include "polytrain/models/safetensors.h"
 
 namespace polytrain {
 namespace {

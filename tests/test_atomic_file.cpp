@@ -10,8 +10,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "common/atomic_file.h"
-#include "common/error.h"
+#include "polytrain/common/atomic_file.h"
+#include "polytrain/common/error.h"
 
 namespace polytrain {
 namespace {

@@ -14,8 +14,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/error.h"
-#include "data/gpt2_bpe.h"
+#include "polytrain/common/error.h"
+#include "polytrain/data/gpt2_bpe.h"
 
 namespace polytrain {
 namespace {

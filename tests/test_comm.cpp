@@ -3,32 +3,21 @@
 // are exercised by it. A collective that a peer never joins fails with an error naming the
 // rank and the operation instead of hanging. (MPI runs the same suite: tests/mpi_collectives.cpp.)
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <future>
 #include <thread>
 
-#include "common/error.h"
+#include "polytrain/common/error.h"
 #include "helpers/collective_suite.h"
-#include "parallel/comm/gloo_communicator.h"
+#include "polytrain/parallel/comm/gloo_communicator.h"
+#include "helpers/free_port.h"
 
 using namespace polytrain;
 
 namespace {
 
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
+using polytrain::testing::free_port;
 
 template <class F>
 void on_ranks(int world, F body) {

@@ -14,9 +14,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "common/cli_config.h"
-#include "common/config.h"
-#include "common/error.h"
+#include "polytrain/common/cli_config.h"
+#include "polytrain/common/config.h"
+#include "polytrain/common/error.h"
 
 namespace polytrain {
 namespace {

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "common/crc32c.h"
+#include "polytrain/common/crc32c.h"
 
 namespace polytrain {
 namespace {

@@ -15,11 +15,11 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
-#include "common/error.h"
-#include "data/mlm_collator.h"
-#include "data/sample_order.h"
-#include "data/text_dataset.h"
-#include "data/wordpiece.h"
+#include "polytrain/common/error.h"
+#include "polytrain/data/mlm_collator.h"
+#include "polytrain/data/sample_order.h"
+#include "polytrain/data/text_dataset.h"
+#include "polytrain/data/wordpiece.h"
 
 namespace polytrain {
 namespace {

@@ -18,8 +18,8 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "models/safetensors.h"
-#include "parallel/comm/communicator.h"
+#include "polytrain/models/safetensors.h"
+#include "polytrain/parallel/comm/communicator.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;

@@ -6,9 +6,9 @@
 
 #include <torch/torch.h>
 
-#include "common/config.h"
-#include "common/error.h"
-#include "parallel/ddp/ddp_backend.h"
+#include "polytrain/common/config.h"
+#include "polytrain/common/error.h"
+#include "polytrain/parallel/ddp/ddp_backend.h"
 
 using namespace polytrain;
 

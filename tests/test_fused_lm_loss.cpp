@@ -7,9 +7,9 @@
 
 #include <torch/torch.h>
 
-#include "common/config.h"
-#include "models/bert.h"
-#include "models/fused_lm_loss.h"
+#include "polytrain/common/config.h"
+#include "polytrain/models/bert.h"
+#include "polytrain/models/fused_lm_loss.h"
 
 using namespace polytrain;
 namespace F = torch::nn::functional;

@@ -9,10 +9,10 @@
 #include <filesystem>
 #include <fstream>
 
-#include "common/error.h"
+#include "polytrain/common/error.h"
 #include "helpers/hf_parity.h"
-#include "models/gpt2.h"
-#include "models/hf_pretrained.h"
+#include "polytrain/models/gpt2.h"
+#include "polytrain/models/hf_pretrained.h"
 
 namespace polytrain {
 namespace {

@@ -12,11 +12,11 @@
 
 #include <torch/torch.h>
 
-#include "common/error.h"
+#include "polytrain/common/error.h"
 #include "helpers/hf_parity.h"
-#include "models/bert.h"
-#include "models/hf_pretrained.h"
-#include "models/safetensors.h"
+#include "polytrain/models/bert.h"
+#include "polytrain/models/hf_pretrained.h"
+#include "polytrain/models/safetensors.h"
 
 namespace polytrain {
 namespace {

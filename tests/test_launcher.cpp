@@ -7,11 +7,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/error.h"
-#include "launcher/env_file.h"
-#include "launcher/hostfile.h"
-#include "launcher/plan.h"
-#include "launcher/runners.h"
+#include "polytrain/common/error.h"
+#include "polytrain/launcher/env_file.h"
+#include "polytrain/launcher/hostfile.h"
+#include "polytrain/launcher/plan.h"
+#include "polytrain/launcher/runners.h"
 
 using namespace polytrain;
 using namespace polytrain::launcher;

@@ -6,9 +6,7 @@
 // without its completion marker is refused; a step of micro-batches 8, 8, 4 makes the same
 // update as one micro-batch of 20 (loss normalised by samples); evaluate() before train().
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,16 +20,17 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "common/config.h"
-#include "common/error.h"
-#include "data/sample_order.h"
-#include "parallel/comm/communicator.h"
-#include "parallel/comm/gloo_communicator.h"
-#include "parallel/ddp/ddp_backend.h"
-#include "parallel/process_grid.h"
-#include "parallel/single/single_backend.h"
-#include "trainer/checkpoint.h"
-#include "trainer/trainer.h"
+#include "polytrain/common/config.h"
+#include "polytrain/common/error.h"
+#include "polytrain/data/sample_order.h"
+#include "polytrain/parallel/comm/communicator.h"
+#include "polytrain/parallel/comm/gloo_communicator.h"
+#include "polytrain/parallel/ddp/ddp_backend.h"
+#include "polytrain/parallel/process_grid.h"
+#include "polytrain/parallel/single/single_backend.h"
+#include "polytrain/trainer/checkpoint.h"
+#include "polytrain/trainer/trainer.h"
+#include "helpers/free_port.h"
 
 using namespace polytrain;
 namespace fs = std::filesystem;
@@ -39,17 +38,7 @@ using json = nlohmann::json;
 
 namespace {
 
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
+using polytrain::testing::free_port;
 
 struct Scratch {
   fs::path path;

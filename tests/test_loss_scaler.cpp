@@ -10,12 +10,12 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "common/autocast.h"
-#include "common/config.h"
-#include "common/error.h"
-#include "parallel/update.h"
-#include "trainer/loss_scaler.h"
-#include "trainer/optimizers.h"
+#include "polytrain/common/autocast.h"
+#include "polytrain/common/config.h"
+#include "polytrain/common/error.h"
+#include "polytrain/parallel/update.h"
+#include "polytrain/trainer/loss_scaler.h"
+#include "polytrain/trainer/optimizers.h"
 
 namespace polytrain {
 namespace {

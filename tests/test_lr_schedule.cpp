@@ -8,9 +8,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "common/config.h"
-#include "common/error.h"
-#include "trainer/lr_schedule.h"
+#include "polytrain/common/config.h"
+#include "polytrain/common/error.h"
+#include "polytrain/trainer/lr_schedule.h"
 
 namespace polytrain {
 namespace {

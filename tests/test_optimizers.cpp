@@ -10,10 +10,10 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "common/config.h"
-#include "common/error.h"
-#include "trainer/lamb.h"
-#include "trainer/optimizers.h"
+#include "polytrain/common/config.h"
+#include "polytrain/common/error.h"
+#include "polytrain/trainer/lamb.h"
+#include "polytrain/trainer/optimizers.h"
 
 namespace polytrain {
 namespace {

@@ -12,9 +12,9 @@
 #include <torch/torch.h>
 
 #include "helpers/process.h"
-#include "common/atomic_file.h"
-#include "common/error.h"
-#include "models/safetensors.h"
+#include "polytrain/common/atomic_file.h"
+#include "polytrain/common/error.h"
+#include "polytrain/models/safetensors.h"
 
 namespace polytrain {
 namespace {

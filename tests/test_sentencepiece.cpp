@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "common/error.h"
-#include "data/sentencepiece_tokenizer.h"
+#include "polytrain/common/error.h"
+#include "polytrain/data/sentencepiece_tokenizer.h"
 
 namespace polytrain {
 namespace {

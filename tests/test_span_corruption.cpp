@@ -10,10 +10,10 @@
 #include <map>
 #include <vector>
 
-#include "common/error.h"
-#include "data/sample_order.h"
-#include "data/span_corruption.h"
-#include "data/text_dataset.h"
+#include "polytrain/common/error.h"
+#include "polytrain/data/sample_order.h"
+#include "polytrain/data/span_corruption.h"
+#include "polytrain/data/text_dataset.h"
 
 namespace polytrain {
 namespace {

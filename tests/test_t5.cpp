@@ -11,12 +11,12 @@
 #include <fstream>
 #include <set>
 
-#include "common/config.h"
-#include "common/error.h"
+#include "polytrain/common/config.h"
+#include "polytrain/common/error.h"
 #include "helpers/hf_parity.h"
-#include "models/safetensors.h"
-#include "models/t5.h"
-#include "common/autocast.h"
+#include "polytrain/models/safetensors.h"
+#include "polytrain/models/t5.h"
+#include "polytrain/common/autocast.h"
 
 namespace polytrain {
 namespace {

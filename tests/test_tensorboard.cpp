@@ -17,10 +17,10 @@
 #include <vector>
 
 #include "helpers/process.h"
-#include "common/atomic_file.h"
-#include "common/crc32c.h"
-#include "common/error.h"
-#include "trainer/tensorboard.h"
+#include "polytrain/common/atomic_file.h"
+#include "polytrain/common/crc32c.h"
+#include "polytrain/common/error.h"
+#include "polytrain/trainer/tensorboard.h"
 
 namespace polytrain {
 namespace {

@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "data/sentencepiece_tokenizer.h"
+#include "polytrain/data/sentencepiece_tokenizer.h"
 #include "helpers/program.h"
 
 namespace fs = std::filesystem;

@@ -11,10 +11,10 @@
 
 #include <torch/torch.h>
 
-#include "common/error.h"
-#include "models/bert.h"
-#include "trainer/checkpoint.h"
-#include "trainer/trainer.h"
+#include "polytrain/common/error.h"
+#include "polytrain/models/bert.h"
+#include "polytrain/trainer/checkpoint.h"
+#include "polytrain/trainer/trainer.h"
 
 using namespace polytrain;
 namespace fs = std::filesystem;

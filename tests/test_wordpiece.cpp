@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "common/error.h"
-#include "data/wordpiece.h"
+#include "polytrain/common/error.h"
+#include "polytrain/data/wordpiece.h"
 
 namespace polytrain {
 namespace {

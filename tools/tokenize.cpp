@@ -9,11 +9,11 @@
 #include <memory>
 #include <string>
 
-#include "common/error.h"
-#include "common/main_guard.h"
-#include "data/gpt2_bpe.h"
-#include "data/sentencepiece_tokenizer.h"
-#include "data/wordpiece.h"
+#include "polytrain/common/error.h"
+#include "polytrain/common/main_guard.h"
+#include "polytrain/data/gpt2_bpe.h"
+#include "polytrain/data/sentencepiece_tokenizer.h"
+#include "polytrain/data/wordpiece.h"
 
 namespace {
 

@@ -1,7 +1,7 @@
 // atomic_write_file / read_file / fsync_dir over POSIX calls: the temp file is written
 // through a small fd-backed streambuf so that the same descriptor can be fsynced, which
 // std::ofstream cannot do. Linux/POSIX only.
-#include "common/atomic_file.h"
+#include "polytrain/common/atomic_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -13,7 +13,7 @@
 #include <streambuf>
 #include <vector>
 
-#include "common/error.h"
+#include "polytrain/common/error.h"
 
 namespace polytrain {
 namespace {

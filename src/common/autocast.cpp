@@ -1,10 +1,10 @@
 // LibTorch renamed the autocast controls in 2.4 (per device type instead of cpu/gpu pairs).
-#include "common/autocast.h"
+#include "polytrain/common/autocast.h"
 
 #include <ATen/autocast_mode.h>
 #include <torch/version.h>
 
-#include "common/error.h"
+#include "polytrain/common/error.h"
 
 namespace polytrain {
 

@@ -1,7 +1,7 @@
 // CLI11 flags that write into the config's JSON patch, the merge of file and patch (with the
 // batch-key rule documented in cli_config.h), and CLI11 errors turned into InputError.
 // Validation of the values is left to config_from_json, so a flag is checked like the file is.
-#include "common/cli_config.h"
+#include "polytrain/common/cli_config.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -12,7 +12,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "common/error.h"
+#include "polytrain/common/error.h"
 
 namespace polytrain {
 

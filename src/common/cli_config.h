@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/config.h"
+#include "polytrain/common/config.h"
 
 namespace CLI {
 class App;

@@ -1,7 +1,7 @@
 // What the config means: each section read with DeepSpeed's defaults and rules, validated, the
 // batch triple resolved (DeepSpeed's fill-in rules), and config_to_json. The key lists, the strict
 // reader and parse_json_strict are in config_keys.{h,cpp}; CLI flags are in cli_config.{h,cpp}.
-#include "common/config.h"
+#include "polytrain/common/config.h"
 
 #include <algorithm>
 #include <array>
@@ -15,9 +15,9 @@
 #include <sstream>
 #include <utility>
 
-#include "common/config_keys.h"
-#include "common/dist_env.h"
-#include "common/error.h"
+#include "polytrain/common/config_keys.h"
+#include "polytrain/common/dist_env.h"
+#include "polytrain/common/error.h"
 
 namespace polytrain {
 

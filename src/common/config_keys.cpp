@@ -1,7 +1,7 @@
 // JSON-level tools behind config.cpp: parse_json_strict (duplicate keys, FILE:LINE:COL errors),
 // the strict typed ObjectReader, the nearest-key suggestion and the duplicate-key line finder.
 // What the sections mean, their defaults and cross-field rules live in config.cpp.
-#include "common/config_keys.h"
+#include "polytrain/common/config_keys.h"
 
 #include <algorithm>
 #include <cctype>

@@ -13,8 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/config.h"
-#include "common/error.h"
+#include "polytrain/common/config.h"
+#include "polytrain/common/error.h"
 
 namespace polytrain::config_detail {
 

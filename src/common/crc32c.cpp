@@ -1,7 +1,7 @@
 // CRC-32C: a slicing-by-8 table implementation, plus the SSE4.2 crc32 instruction on x86-64
 // when the CPU reports it (checked once at run time). Both give identical results; the
 // tests compare them on random data.
-#include "common/crc32c.h"
+#include "polytrain/common/crc32c.h"
 
 #include <array>
 #include <cstring>

@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "common/error.h"
+#include "polytrain/common/error.h"
 
 namespace polytrain {
 

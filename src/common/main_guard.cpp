@@ -1,10 +1,10 @@
-#include "common/main_guard.h"
+#include "polytrain/common/main_guard.h"
 
 #include <cstdio>
 #include <exception>
 #include <string>
 
-#include "common/error.h"
+#include "polytrain/common/error.h"
 
 namespace polytrain {
 

@@ -1,6 +1,6 @@
-#include "data/batch.h"
+#include "polytrain/data/batch.h"
 
-#include "common/error.h"
+#include "polytrain/common/error.h"
 
 namespace polytrain {
 

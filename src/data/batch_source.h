@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "data/batch.h"
+#include "polytrain/data/batch.h"
 
 namespace polytrain {
 

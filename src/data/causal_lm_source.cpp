@@ -1,8 +1,8 @@
-#include "data/causal_lm_source.h"
+#include "polytrain/data/causal_lm_source.h"
 
 #include <torch/torch.h>
 
-#include "common/error.h"
+#include "polytrain/common/error.h"
 
 namespace polytrain {
 

@@ -5,8 +5,8 @@
 
 #include <vector>
 
-#include "data/batch_source.h"
-#include "data/text_dataset.h"
+#include "polytrain/data/batch_source.h"
+#include "polytrain/data/text_dataset.h"
 
 namespace polytrain {
 

@@ -1,7 +1,7 @@
 // Gpt2BpeTokenizer: GPT-2's pre-tokenization pattern through PCRE2 (Unicode letter and number
 // classes and the (?!\S) lookahead need a real regex engine; std::regex has neither), OpenAI's
 // bytes_to_unicode map, and rank-ordered BPE merges over token ids.
-#include "data/gpt2_bpe.h"
+#include "polytrain/data/gpt2_bpe.h"
 
 #include <fstream>
 #include <limits>
@@ -9,8 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/error.h"
-#include "data/utf8.h"
+#include "polytrain/common/error.h"
+#include "polytrain/data/utf8.h"
 
 #if POLYTRAIN_WITH_PCRE2
 #define PCRE2_CODE_UNIT_WIDTH 8

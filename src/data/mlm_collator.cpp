@@ -2,15 +2,15 @@
 // Each position p of a sample draws from its own CounterRng keyed on (sample key, p): draw 1
 // decides selection, draw 2 the [MASK]/random/keep choice, later draws the random id. So a
 // position's outcome never depends on how many draws other positions used.
-#include "data/mlm_collator.h"
+#include "polytrain/data/mlm_collator.h"
 
 #include <algorithm>
 #include <utility>
 
 #include <torch/torch.h>
 
-#include "common/error.h"
-#include "data/sample_order.h"
+#include "polytrain/common/error.h"
+#include "polytrain/data/sample_order.h"
 
 namespace polytrain {
 namespace {

@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "common/config.h"
-#include "data/batch.h"
+#include "polytrain/common/config.h"
+#include "polytrain/data/batch.h"
 
 namespace polytrain {
 

@@ -1,6 +1,6 @@
-#include "data/mlm_source.h"
+#include "polytrain/data/mlm_source.h"
 
-#include "common/error.h"
+#include "polytrain/common/error.h"
 
 namespace polytrain {
 

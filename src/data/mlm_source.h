@@ -5,9 +5,9 @@
 
 #include <vector>
 
-#include "data/batch_source.h"
-#include "data/mlm_collator.h"
-#include "data/text_dataset.h"
+#include "polytrain/data/batch_source.h"
+#include "polytrain/data/mlm_collator.h"
+#include "polytrain/data/text_dataset.h"
 
 namespace polytrain {
 

@@ -1,11 +1,11 @@
 // SplitMix64-based counter RNG, seed mixing and the epoch permutation (see sample_order.h).
 // The constants are SplitMix64's (java.util.SplittableRandom); changing them changes every
 // data order and mask, so they are fixed forever.
-#include "data/sample_order.h"
+#include "polytrain/data/sample_order.h"
 
 #include <utility>
 
-#include "common/error.h"
+#include "polytrain/common/error.h"
 
 namespace polytrain {
 namespace {

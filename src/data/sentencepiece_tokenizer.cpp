@@ -1,11 +1,11 @@
 // SentencePieceTokenizer over libsentencepiece, reached through the libpolytrain_spm module
 // (data/sentencepiece_shim.cc says why it is dlopened rather than linked). Compiled without
 // torch. Without SentencePiece in the build (POLYTRAIN_WITH_SENTENCEPIECE=0) load() throws.
-#include "data/sentencepiece_tokenizer.h"
+#include "polytrain/data/sentencepiece_tokenizer.h"
 
 #include <filesystem>
 
-#include "common/error.h"
+#include "polytrain/common/error.h"
 
 #if POLYTRAIN_WITH_SENTENCEPIECE
 #include <dlfcn.h>

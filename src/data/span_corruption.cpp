@@ -1,7 +1,7 @@
 // T5 span corruption: noise counts, the interleaved random-span mask, sentinel replacement,
 // length arithmetic, collation and the BatchSource. Each sample's two segmentation streams are
 // CounterRngs keyed on (seed, epoch, sample index), so a mask never depends on the batch.
-#include "data/span_corruption.h"
+#include "polytrain/data/span_corruption.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,9 +9,9 @@
 
 #include <torch/torch.h>
 
-#include "common/error.h"
-#include "data/sample_order.h"
-#include "data/text_dataset.h"
+#include "polytrain/common/error.h"
+#include "polytrain/data/sample_order.h"
+#include "polytrain/data/text_dataset.h"
 
 namespace polytrain {
 namespace {

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "data/batch_source.h"
+#include "polytrain/data/batch_source.h"
 
 namespace polytrain {
 

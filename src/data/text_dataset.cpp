@@ -1,7 +1,7 @@
 // TokenBlockDataset: file reading, paragraph splitting, block packing; split_train_eval.
 // Paragraphs are tokenized one at a time (a tokenizer's cost is per word, so this is linear);
 // nothing is cached on disk: Moby Dick + Sherlock tokenize in well under a few seconds.
-#include "data/text_dataset.h"
+#include "polytrain/data/text_dataset.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,9 +9,9 @@
 #include <fstream>
 #include <iterator>
 
-#include "common/error.h"
-#include "data/sample_order.h"
-#include "data/wordpiece.h"
+#include "polytrain/common/error.h"
+#include "polytrain/data/sample_order.h"
+#include "polytrain/data/wordpiece.h"
 
 namespace polytrain {
 namespace {

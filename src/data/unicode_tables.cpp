@@ -2,7 +2,7 @@
 // there that match Hugging Face tokenizers). Do not edit: rerun the script.
 // Tables only (declared in data/unicode_tables.h); lookups and the tokenizer are in
 // data/wordpiece.cpp.
-#include "data/unicode_tables.h"
+#include "polytrain/data/unicode_tables.h"
 
 namespace polytrain::unicode_tables {
 

@@ -1,4 +1,4 @@
-#include "data/utf8.h"
+#include "polytrain/data/utf8.h"
 
 namespace polytrain {
 

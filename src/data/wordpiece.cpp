@@ -1,14 +1,14 @@
 // WordPieceTokenizer: UTF-8 decoding, BertNormalizer + BertPreTokenizer over the generated
 // Unicode tables (data/unicode_tables.cpp), and the greedy WordPiece model. Mirrors HF
 // tokenizers (normalizers/bert.rs, pre_tokenizers/bert.rs, models/wordpiece); no ICU needed.
-#include "data/wordpiece.h"
+#include "polytrain/data/wordpiece.h"
 
 #include <algorithm>
 #include <fstream>
 
-#include "common/error.h"
-#include "data/unicode_tables.h"
-#include "data/utf8.h"
+#include "polytrain/common/error.h"
+#include "polytrain/data/unicode_tables.h"
+#include "polytrain/data/utf8.h"
 
 namespace polytrain {
 

@@ -1,12 +1,12 @@
-#include "launcher/env_file.h"
+#include "polytrain/launcher/env_file.h"
 
 #include <cctype>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 
-#include "common/error.h"
-#include "launcher/hostfile.h"
+#include "polytrain/common/error.h"
+#include "polytrain/launcher/hostfile.h"
 
 namespace polytrain::launcher {
 namespace {

@@ -1,4 +1,4 @@
-#include "launcher/hostfile.h"
+#include "polytrain/launcher/hostfile.h"
 
 #include <algorithm>
 #include <cctype>
@@ -6,7 +6,7 @@
 #include <map>
 #include <sstream>
 
-#include "common/error.h"
+#include "polytrain/common/error.h"
 
 namespace polytrain::launcher {
 namespace {

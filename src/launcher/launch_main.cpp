@@ -13,13 +13,13 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "common/error.h"
-#include "common/main_guard.h"
-#include "launcher/env_file.h"
-#include "launcher/hostfile.h"
-#include "launcher/plan.h"
-#include "launcher/runners.h"
-#include "launcher/supervisor.h"
+#include "polytrain/common/error.h"
+#include "polytrain/common/main_guard.h"
+#include "polytrain/launcher/env_file.h"
+#include "polytrain/launcher/hostfile.h"
+#include "polytrain/launcher/plan.h"
+#include "polytrain/launcher/runners.h"
+#include "polytrain/launcher/supervisor.h"
 
 using namespace polytrain;
 using namespace polytrain::launcher;

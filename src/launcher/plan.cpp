@@ -1,10 +1,10 @@
-#include "launcher/plan.h"
+#include "polytrain/launcher/plan.h"
 
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
-#include "common/error.h"
+#include "polytrain/common/error.h"
 
 namespace polytrain::launcher {
 

@@ -8,7 +8,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "launcher/hostfile.h"
+#include "polytrain/launcher/hostfile.h"
 
 namespace polytrain::launcher {
 

@@ -1,4 +1,4 @@
-#include "launcher/runners.h"
+#include "polytrain/launcher/runners.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <sstream>
 
-#include "common/error.h"
+#include "polytrain/common/error.h"
 
 extern char** environ;
 

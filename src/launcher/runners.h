@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "launcher/env_file.h"
-#include "launcher/plan.h"
+#include "polytrain/launcher/env_file.h"
+#include "polytrain/launcher/plan.h"
 
 namespace polytrain::launcher {
 

@@ -1,4 +1,4 @@
-#include "launcher/supervisor.h"
+#include "polytrain/launcher/supervisor.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -17,7 +17,7 @@
 #include <map>
 #include <regex>
 
-#include "common/error.h"
+#include "polytrain/common/error.h"
 
 extern char** environ;
 

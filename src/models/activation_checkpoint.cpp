@@ -1,4 +1,4 @@
-#include "models/activation_checkpoint.h"
+#include "polytrain/models/activation_checkpoint.h"
 
 #include <memory>
 #include <optional>
@@ -10,7 +10,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 
-#include "common/autocast.h"
+#include "polytrain/common/autocast.h"
 
 namespace polytrain {
 

@@ -1,6 +1,6 @@
 // ALBERT: AlbertConfig <-> HF config.json, the math of HF's modeling_albert.py (eval and train),
 // and the name rules for loading HF checkpoints. Registration names equal HF's state_dict keys.
-#include "models/albert.h"
+#include "polytrain/models/albert.h"
 
 #include <cmath>
 #include <filesystem>
@@ -9,11 +9,11 @@
 #include <torch/nn/functional/linear.h>
 #include <torch/torch.h>
 
-#include "common/error.h"
-#include "models/fused_lm_loss.h"
-#include "models/hf_config.h"
-#include "models/hf_layers.h"
-#include "models/hf_pretrained.h"
+#include "polytrain/common/error.h"
+#include "polytrain/models/fused_lm_loss.h"
+#include "polytrain/models/hf_config.h"
+#include "polytrain/models/hf_layers.h"
+#include "polytrain/models/hf_pretrained.h"
 
 namespace polytrain {
 

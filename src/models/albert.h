@@ -14,8 +14,8 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 
-#include "models/activation_checkpoint.h"
-#include "models/model_output.h"
+#include "polytrain/models/activation_checkpoint.h"
+#include "polytrain/models/model_output.h"
 
 namespace polytrain {
 

@@ -1,6 +1,6 @@
 // BERT / RoBERTa masked-LM: the math of HF's modeling_bert.py / modeling_roberta.py in libtorch.
 // Registration names are chosen so named_parameters() equals HF's state_dict keys.
-#include "models/bert.h"
+#include "polytrain/models/bert.h"
 
 #include <cmath>
 #include <filesystem>
@@ -9,11 +9,11 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/init.h>
 
-#include "common/error.h"
-#include "models/activation_checkpoint.h"
-#include "models/fused_lm_loss.h"
-#include "models/hf_layers.h"
-#include "models/hf_pretrained.h"
+#include "polytrain/common/error.h"
+#include "polytrain/models/activation_checkpoint.h"
+#include "polytrain/models/fused_lm_loss.h"
+#include "polytrain/models/hf_layers.h"
+#include "polytrain/models/hf_pretrained.h"
 
 namespace polytrain {
 

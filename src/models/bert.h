@@ -12,9 +12,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/config.h"
-#include "models/activation_checkpoint.h"
-#include "models/model_output.h"
+#include "polytrain/common/config.h"
+#include "polytrain/models/activation_checkpoint.h"
+#include "polytrain/models/model_output.h"
 
 namespace polytrain {
 

@@ -1,10 +1,10 @@
-#include "models/fused_lm_loss.h"
+#include "polytrain/models/fused_lm_loss.h"
 
 #include <algorithm>
 
 #include <torch/torch.h>
 
-#include "common/error.h"
+#include "polytrain/common/error.h"
 
 namespace polytrain {
 namespace {

@@ -1,16 +1,16 @@
 // GPT-2: the math of HF's modeling_gpt2.py (eager attention) in libtorch. Registration names
 // are chosen so named_parameters() equals GPT2LMHeadModel's state_dict keys.
-#include "models/gpt2.h"
+#include "polytrain/models/gpt2.h"
 
 #include <cmath>
 
 #include <torch/torch.h>
 
-#include "common/error.h"
-#include "models/fused_lm_loss.h"
-#include "models/hf_config.h"
-#include "models/hf_layers.h"
-#include "models/hf_pretrained.h"
+#include "polytrain/common/error.h"
+#include "polytrain/models/fused_lm_loss.h"
+#include "polytrain/models/hf_config.h"
+#include "polytrain/models/hf_layers.h"
+#include "polytrain/models/hf_pretrained.h"
 
 namespace polytrain {
 

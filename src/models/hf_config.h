@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/error.h"
+#include "polytrain/common/error.h"
 
 namespace polytrain {
 

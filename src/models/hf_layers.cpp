@@ -1,8 +1,8 @@
-#include "models/hf_layers.h"
+#include "polytrain/models/hf_layers.h"
 
 #include <torch/torch.h>
 
-#include "common/error.h"
+#include "polytrain/common/error.h"
 
 namespace polytrain {
 

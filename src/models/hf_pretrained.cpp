@@ -1,6 +1,6 @@
 // HF layout save/load: name matching (base-model prefix, tied and ignored names) and the checks
 // that make a wrong checkpoint a one-line error before any weight is touched.
-#include "models/hf_pretrained.h"
+#include "polytrain/models/hf_pretrained.h"
 
 #include <filesystem>
 #include <fstream>
@@ -10,9 +10,9 @@
 
 #include <torch/torch.h>
 
-#include "common/atomic_file.h"
-#include "common/config.h"
-#include "common/error.h"
+#include "polytrain/common/atomic_file.h"
+#include "polytrain/common/config.h"
+#include "polytrain/common/error.h"
 
 namespace polytrain {
 

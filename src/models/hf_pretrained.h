@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/nn/module.h>
 
-#include "models/safetensors.h"
+#include "polytrain/models/safetensors.h"
 
 namespace polytrain {
 

@@ -1,7 +1,7 @@
 // safetensors writer and validating reader. The writer streams tensor bytes into
 // atomic_write_file; the reader preads each tensor straight into its CPU storage, so a file
 // is never held twice in memory. Assumes a little-endian host, as the format does.
-#include "models/safetensors.h"
+#include "polytrain/models/safetensors.h"
 
 #include <ATen/ATen.h>
 #include <fcntl.h>
@@ -16,8 +16,8 @@
 #include <set>
 #include <tuple>
 
-#include "common/atomic_file.h"
-#include "common/error.h"
+#include "polytrain/common/atomic_file.h"
+#include "polytrain/common/error.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors data is little-endian");
 

@@ -1,7 +1,7 @@
 // T5: the math of HF's modeling_t5.py (T5LayerNorm, bucketed relative position bias computed by
 // block 0 and shared, unscaled attention, dense/gated FF, tied-head rescaling) in libtorch, and
 // HF-layout save/load through models/hf_pretrained.h. Config parsing is in t5_config.cpp.
-#include "models/t5.h"
+#include "polytrain/models/t5.h"
 
 #include <cmath>
 #include <filesystem>
@@ -10,10 +10,10 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/torch.h>
 
-#include "common/error.h"
-#include "models/hf_layers.h"
-#include "models/hf_pretrained.h"
-#include "models/safetensors.h"
+#include "polytrain/common/error.h"
+#include "polytrain/models/hf_layers.h"
+#include "polytrain/models/hf_pretrained.h"
+#include "polytrain/models/safetensors.h"
 
 namespace polytrain {
 

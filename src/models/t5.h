@@ -11,9 +11,9 @@
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 
-#include "models/activation_checkpoint.h"
-#include "models/model_output.h"
-#include "models/t5_config.h"
+#include "polytrain/models/activation_checkpoint.h"
+#include "polytrain/models/model_output.h"
+#include "polytrain/models/t5_config.h"
 
 namespace polytrain {
 

@@ -1,11 +1,11 @@
 // T5Config <-> JSON with HF's defaults, aliases and the checks HF's T5Config.__init__ makes,
 // plus the ones whose absence would only show up as NaNs or index errors in the forward pass.
-#include "models/t5_config.h"
+#include "polytrain/models/t5_config.h"
 
 #include <algorithm>
 #include <set>
 
-#include "models/hf_config.h"
+#include "polytrain/models/hf_config.h"
 
 namespace polytrain {
 

@@ -1,10 +1,10 @@
 // Backend's defaults: the data shard of a fixed data-parallel world, and the consolidated
 // model of a backend whose ranks each hold the whole model.
-#include "parallel/backend.h"
+#include "polytrain/parallel/backend.h"
 
 #include <torch/nn/module.h>
 
-#include "trainer/checkpoint.h"
+#include "polytrain/trainer/checkpoint.h"
 
 namespace polytrain {
 

@@ -19,8 +19,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
-#include "common/config.h"
-#include "common/torch_fwd.h"
+#include "polytrain/common/config.h"
+#include "polytrain/common/torch_fwd.h"
 
 namespace polytrain {
 

@@ -1,8 +1,8 @@
 // The only place that knows every backend: env_type -> Backend.
-#include "common/error.h"
-#include "parallel/backend.h"
-#include "parallel/ddp/ddp_backend.h"
-#include "parallel/single/single_backend.h"
+#include "polytrain/common/error.h"
+#include "polytrain/parallel/backend.h"
+#include "polytrain/parallel/ddp/ddp_backend.h"
+#include "polytrain/parallel/single/single_backend.h"
 
 namespace polytrain {
 

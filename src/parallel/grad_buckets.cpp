@@ -1,5 +1,5 @@
 // GradBuckets: layout (reverse order, size cap, dtype breaks), .grad views, readiness hooks.
-#include "parallel/grad_buckets.h"
+#include "polytrain/parallel/grad_buckets.h"
 
 #include <algorithm>
 

@@ -1,8 +1,8 @@
 // Grid arithmetic and the split of the world communicator into TP and DP groups.
-#include "parallel/process_grid.h"
+#include "polytrain/parallel/process_grid.h"
 
-#include "common/error.h"
-#include "parallel/comm/communicator.h"
+#include "polytrain/common/error.h"
+#include "polytrain/parallel/comm/communicator.h"
 
 namespace polytrain {
 

@@ -1,14 +1,14 @@
 // ReplicatedBackend: device, optimizer over the whole model, fixed micro-batch count, the
 // shared update, optimizer state saved once.
-#include "parallel/replicated_backend.h"
+#include "polytrain/parallel/replicated_backend.h"
 
 #include <torch/cuda.h>
 #include <torch/nn/module.h>
 #include <torch/serialize/archive.h>
 
-#include "common/error.h"
-#include "trainer/checkpoint.h"
-#include "trainer/optimizers.h"
+#include "polytrain/common/error.h"
+#include "polytrain/trainer/checkpoint.h"
+#include "polytrain/trainer/optimizers.h"
 
 namespace polytrain {
 

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "parallel/backend.h"
-#include "parallel/update.h"
+#include "polytrain/parallel/backend.h"
+#include "polytrain/parallel/update.h"
 
 namespace polytrain {
 

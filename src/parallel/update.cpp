@@ -1,12 +1,12 @@
 // The shared update (see update.h): scale, norm over the ranks holding distinct pieces, skip
 // or clip, step.
-#include "parallel/update.h"
+#include "polytrain/parallel/update.h"
 
 #include <cmath>
 
 #include <torch/torch.h>
 
-#include "trainer/optimizers.h"
+#include "polytrain/trainer/optimizers.h"
 
 namespace polytrain {
 

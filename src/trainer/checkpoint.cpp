@@ -8,7 +8,7 @@
 //      atomically replaces <dir>/latest and removes the aside copy; barrier.
 // A kill before the rename leaves `latest` naming the previous, complete checkpoint; a folder
 // without complete.json is never loaded.
-#include "trainer/checkpoint.h"
+#include "polytrain/trainer/checkpoint.h"
 
 #include <unistd.h>
 
@@ -18,10 +18,10 @@
 #include <torch/nn/module.h>
 #include <torch/serialize/archive.h>
 
-#include "common/atomic_file.h"
-#include "common/config.h"
-#include "common/crc32c.h"
-#include "common/error.h"
+#include "polytrain/common/atomic_file.h"
+#include "polytrain/common/config.h"
+#include "polytrain/common/crc32c.h"
+#include "polytrain/common/error.h"
 
 namespace polytrain {
 

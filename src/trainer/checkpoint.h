@@ -18,7 +18,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "common/torch_fwd.h"
+#include "polytrain/common/torch_fwd.h"
 
 namespace polytrain {
 

@@ -1,12 +1,12 @@
-#include "trainer/experiment.h"
+#include "polytrain/trainer/experiment.h"
 
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
 #include <random>
 
-#include "common/atomic_file.h"
-#include "common/error.h"
+#include "polytrain/common/atomic_file.h"
+#include "polytrain/common/error.h"
 
 namespace polytrain {
 

@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/config.h"
+#include "polytrain/common/config.h"
 
 namespace polytrain {
 

@@ -1,11 +1,11 @@
-#include "trainer/loss_scaler.h"
+#include "polytrain/trainer/loss_scaler.h"
 
 #include <cmath>
 
 #include <nlohmann/json.hpp>
 
-#include "common/config.h"
-#include "common/error.h"
+#include "polytrain/common/config.h"
+#include "polytrain/common/error.h"
 
 namespace polytrain {
 

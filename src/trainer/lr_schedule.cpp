@@ -1,14 +1,14 @@
 // DeepSpeed's LR schedules (deepspeed/runtime/lr_schedules.py) as closed forms of the update
 // index; see lr_schedule.h for how the index maps to DeepSpeed's last_batch_iteration.
 // Golden values: scripts/gen_golden_lr.py -> tests/golden/lr_schedules.json.
-#include "trainer/lr_schedule.h"
+#include "polytrain/trainer/lr_schedule.h"
 
 #include <algorithm>
 #include <cmath>
 #include <string>
 
-#include "common/config.h"
-#include "common/error.h"
+#include "polytrain/common/config.h"
+#include "polytrain/common/error.h"
 
 namespace polytrain {
 namespace {

@@ -1,4 +1,4 @@
-#include "trainer/metrics.h"
+#include "polytrain/trainer/metrics.h"
 
 #include <unistd.h>
 
@@ -7,8 +7,8 @@
 #include <filesystem>
 #include <string>
 
-#include "common/error.h"
-#include "trainer/tensorboard.h"
+#include "polytrain/common/error.h"
+#include "polytrain/trainer/tensorboard.h"
 
 namespace polytrain {
 

@@ -2,7 +2,7 @@
 // (decay / no decay, or a backend's partitions) behind polytrain's Optimizer interface, with
 // state saved by parameter name; plus the LR and beta1 setters a schedule drives.
 // Golden values: scripts/gen_golden_optim.py (torch.optim 1.13 and torch_optimizer's LAMB).
-#include "trainer/optimizers.h"
+#include "polytrain/trainer/optimizers.h"
 
 #include <algorithm>
 #include <cctype>
@@ -11,10 +11,10 @@
 
 #include <torch/torch.h>
 
-#include "common/config.h"
-#include "common/error.h"
-#include "trainer/lamb.h"
-#include "trainer/optim_state_key.h"
+#include "polytrain/common/config.h"
+#include "polytrain/common/error.h"
+#include "polytrain/trainer/lamb.h"
+#include "polytrain/trainer/optim_state_key.h"
 
 namespace polytrain {
 namespace {

@@ -2,7 +2,7 @@
 // fixed64 double, fixed32 float, length-delimited strings and sub-messages) for the fields of
 // tensorflow/core/util/event.proto and summary.proto that a scalar needs, and TFRecord
 // framing with masked CRC-32C. Field numbers are the .proto ones; changing them breaks readers.
-#include "trainer/tensorboard.h"
+#include "polytrain/trainer/tensorboard.h"
 
 #include <unistd.h>
 
@@ -12,8 +12,8 @@
 #include <ctime>
 #include <filesystem>
 
-#include "common/crc32c.h"
-#include "common/error.h"
+#include "polytrain/common/crc32c.h"
+#include "polytrain/common/error.h"
 
 namespace polytrain {
 namespace tensorboard_detail {

@@ -7,7 +7,7 @@
 // resume, log / eval / save. Which samples a rank reads is SampleStream's (data/sample_order.h),
 // keyed by the backend's data shard, so the set of samples in a global batch never depends on
 // the world size.
-#include "trainer/trainer.h"
+#include "polytrain/trainer/trainer.h"
 
 #include <chrono>
 #include <cmath>
@@ -21,16 +21,16 @@
 #include <torch/serialize/archive.h>
 #include <torch/utils.h>
 
-#include "common/autocast.h"
-#include "common/error.h"
-#include "data/sample_order.h"
-#include "models/activation_checkpoint.h"
-#include "models/safetensors.h"
-#include "parallel/backend.h"
-#include "trainer/checkpoint.h"
-#include "trainer/experiment.h"
-#include "trainer/lr_schedule.h"
-#include "trainer/metrics.h"
+#include "polytrain/common/autocast.h"
+#include "polytrain/common/error.h"
+#include "polytrain/data/sample_order.h"
+#include "polytrain/models/activation_checkpoint.h"
+#include "polytrain/models/safetensors.h"
+#include "polytrain/parallel/backend.h"
+#include "polytrain/trainer/checkpoint.h"
+#include "polytrain/trainer/experiment.h"
+#include "polytrain/trainer/lr_schedule.h"
+#include "polytrain/trainer/metrics.h"
 
 namespace polytrain {
 

@@ -11,11 +11,11 @@
 
 #include <torch/nn/module.h>
 
-#include "common/config.h"
-#include "data/batch.h"
-#include "data/batch_source.h"
-#include "models/model_output.h"
-#include "trainer/loss_scaler.h"
+#include "polytrain/common/config.h"
+#include "polytrain/data/batch.h"
+#include "polytrain/data/batch_source.h"
+#include "polytrain/models/model_output.h"
+#include "polytrain/trainer/loss_scaler.h"
 
 namespace polytrain {
 

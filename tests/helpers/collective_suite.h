@@ -9,7 +9,7 @@
 
 #include <torch/torch.h>
 
-#include "parallel/comm/communicator.h"
+#include "polytrain/parallel/comm/communicator.h"
 
 namespace polytrain::comm_testing {
 

@@ -15,10 +15,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/error.h"
+#include "polytrain/common/error.h"
 #include "helpers/process.h"
-#include "models/hf_pretrained.h"
-#include "models/safetensors.h"
+#include "polytrain/models/hf_pretrained.h"
+#include "polytrain/models/safetensors.h"
 
 namespace polytrain::testing {
 

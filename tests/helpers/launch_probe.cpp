@@ -18,7 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/dist_env.h"
+#include "polytrain/common/dist_env.h"
 
 namespace {
 void write_pid(const std::string& dir, pid_t pid) {

@@ -3,9 +3,9 @@
 
 #include <torch/torch.h>
 
-#include "common/config.h"
-#include "models/bert.h"
-#include "trainer/trainer.h"
+#include <polytrain/common/config.h>
+#include <polytrain/models/bert.h>
+#include <polytrain/trainer/trainer.h>
 
 class RandomTokens : public polytrain::BatchSource {
  public:

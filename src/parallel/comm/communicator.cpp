@@ -1,14 +1,14 @@
-#include "parallel/comm/communicator.h"
+#include "polytrain/parallel/comm/communicator.h"
 
-#include "common/dist_env.h"
-#include "common/error.h"
-#include "parallel/comm/comm_config.h"
-#include "parallel/comm/gloo_communicator.h"
+#include "polytrain/common/dist_env.h"
+#include "polytrain/common/error.h"
+#include "polytrain/parallel/comm/comm_config.h"
+#include "polytrain/parallel/comm/gloo_communicator.h"
 #if POLYTRAIN_WITH_MPI
-#include "parallel/comm/mpi_communicator.h"
+#include "polytrain/parallel/comm/mpi_communicator.h"
 #endif
 #if POLYTRAIN_WITH_NCCL
-#include "parallel/comm/nccl_communicator.h"
+#include "polytrain/parallel/comm/nccl_communicator.h"
 #endif
 
 namespace polytrain {

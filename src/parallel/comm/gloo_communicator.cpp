@@ -7,7 +7,7 @@
 //   - reduce_scatter: all_reduce of the whole input, then each rank keeps its block
 //     (twice the traffic of a real reduce-scatter; MPI and NCCL have the real one);
 //   - flat all_gather: the output is split into per-rank views that Gloo writes into.
-#include "parallel/comm/gloo_communicator.h"
+#include "polytrain/parallel/comm/gloo_communicator.h"
 
 // c10d declares ProcessGroupGloo only when this is set (libtorch's own build sets it).
 #ifndef USE_C10D_GLOO
@@ -21,8 +21,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/torch.h>
 
-#include "common/error.h"
-#include "parallel/comm/rendezvous.h"
+#include "polytrain/common/error.h"
+#include "polytrain/parallel/comm/rendezvous.h"
 
 namespace polytrain {
 namespace {

@@ -3,7 +3,7 @@
 //   - no avg: sum, then divide by the group size;
 //   - no timeout: wait() polls MPI_Test (which also drives progress) against a deadline and
 //     fails naming the operation and rank; mpirun then stops the other ranks.
-#include "parallel/comm/mpi_communicator.h"
+#include "polytrain/parallel/comm/mpi_communicator.h"
 
 #include <mpi.h>
 
@@ -15,7 +15,7 @@
 
 #include <torch/torch.h>
 
-#include "common/error.h"
+#include "polytrain/common/error.h"
 
 namespace polytrain {
 namespace {

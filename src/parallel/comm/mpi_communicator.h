@@ -4,7 +4,7 @@
 
 #include <memory>
 
-#include "parallel/comm/communicator.h"
+#include "polytrain/parallel/comm/communicator.h"
 
 namespace polytrain {
 

@@ -2,7 +2,7 @@
 // all-gather), so nothing here falls back. Timeouts: c10d enforces options->timeout only in
 // "blocking wait" mode, which is switched on (unless the user set it) so that a stuck
 // collective fails in wait() naming the rank and operation instead of hanging.
-#include "parallel/comm/nccl_communicator.h"
+#include "polytrain/parallel/comm/nccl_communicator.h"
 
 #ifndef USE_C10D_NCCL
 #define USE_C10D_NCCL 1
@@ -17,8 +17,8 @@
 #include <torch/torch.h>
 #include <torch/version.h>
 
-#include "common/error.h"
-#include "parallel/comm/rendezvous.h"
+#include "polytrain/common/error.h"
+#include "polytrain/parallel/comm/rendezvous.h"
 
 namespace polytrain {
 namespace {

@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-#include "parallel/comm/communicator.h"
+#include "polytrain/parallel/comm/communicator.h"
 
 namespace polytrain {
 

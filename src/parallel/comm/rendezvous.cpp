@@ -1,4 +1,4 @@
-#include "parallel/comm/rendezvous.h"
+#include "polytrain/parallel/comm/rendezvous.h"
 
 #include <algorithm>
 #include <utility>
@@ -7,7 +7,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/torch.h>
 
-#include "common/error.h"
+#include "polytrain/common/error.h"
 
 namespace polytrain {
 

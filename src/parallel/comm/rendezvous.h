@@ -10,7 +10,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
-#include "parallel/comm/communicator.h"
+#include "polytrain/parallel/comm/communicator.h"
 
 namespace polytrain {
 

@@ -1,6 +1,6 @@
 // DdpBackend: rank 0's weights broadcast at prepare, bucketed all-reduce (average) started from
 // gradient hooks on the boundary micro-step, then the shared update on identical gradients.
-#include "parallel/ddp/ddp_backend.h"
+#include "polytrain/parallel/ddp/ddp_backend.h"
 
 #include <chrono>
 #include <cstring>
@@ -9,8 +9,8 @@
 #include <torch/nn/module.h>
 #include <torch/torch.h>
 
-#include "common/dist_env.h"
-#include "common/error.h"
+#include "polytrain/common/dist_env.h"
+#include "polytrain/common/error.h"
 
 namespace polytrain {
 

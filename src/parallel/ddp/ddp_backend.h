@@ -8,9 +8,9 @@
 #include <memory>
 #include <vector>
 
-#include "parallel/comm/communicator.h"
-#include "parallel/grad_buckets.h"
-#include "parallel/replicated_backend.h"
+#include "polytrain/parallel/comm/communicator.h"
+#include "polytrain/parallel/grad_buckets.h"
+#include "polytrain/parallel/replicated_backend.h"
 
 namespace polytrain {
 

@@ -1,9 +1,9 @@
 // SingleBackend: the world is this process.
-#include "parallel/single/single_backend.h"
+#include "polytrain/parallel/single/single_backend.h"
 
-#include "common/dist_env.h"
-#include "common/error.h"
-#include "trainer/optimizers.h"
+#include "polytrain/common/dist_env.h"
+#include "polytrain/common/error.h"
+#include "polytrain/trainer/optimizers.h"
 
 namespace polytrain {
 

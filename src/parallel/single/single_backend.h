@@ -2,7 +2,7 @@
 // reference every other backend's loss trajectory is compared against.
 #pragma once
 
-#include "parallel/replicated_backend.h"
+#include "polytrain/parallel/replicated_backend.h"
 
 namespace polytrain {
 
