@@ -193,6 +193,30 @@ INSTANTIATE_TEST_SUITE_P(Signals, LauncherSignal,
                          ::testing::Values(std::pair<std::string, int>{"INT", 130}, std::pair<std::string, int>{"TERM", 143}),
                          [](const auto& info) { return info.param.first; });
 
+// A group stopped right after it started: a rank fails at once while the launcher's newest
+// children are still between fork() and exec(). strace keeps each child there for 0.8 s
+// (prctl delayed) and spaces the forks (pipe2 delayed), so that the SIGTERM to those
+// children's groups lands in that window every time. It used to run the launcher's own
+// handler in the child, which wrote SIGTERM into the signal pipe it still shared with the
+// launcher: the launcher took it for a signal to itself ("launch: received Terminated",
+// exit 143) and gave up instead of restarting, as MaxRestartsRestartsTheWholeGroup did
+// under load in CI.
+TEST(Launch, GroupStoppedBeforeItsProcessesExecIsStillRestarted) {
+  TempDir t;
+  if (run("command -v strace", t.path).code != 0) GTEST_SKIP() << "strace not installed";
+  auto r = run(env_prefix(t) + "strace -f -qq -o trace.txt -e trace=pipe2,prctl -e inject=pipe2:delay_enter=150000"
+               " -e inject=prctl:delay_enter=800000 " + kLaunch + " --num_gpus 4 --max_restarts 1 " + kProbe +
+               " --fail_rank 0 --fail_while_restart_below 1 --sleep 0.3",
+               t.path);
+  std::ifstream trace(t.path / "trace.txt");
+  std::stringstream ss;
+  ss << trace.rdbuf();
+  if (ss.str().find("PR_SET_PDEATHSIG") == std::string::npos) GTEST_SKIP() << "strace cannot trace here: " << r.out;
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("restarting the group (restart 1 of 1)"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("launch: received"), std::string::npos) << r.out;
+}
+
 TEST(Launch, MaxRestartsRestartsTheWholeGroup) {
   TempDir t;
   // rank 0 fails while TORCHELASTIC_RESTART_COUNT < 2: two restarts are needed.

@@ -28,8 +28,10 @@ using ::polytrain::detail::cat;
 using Clock = std::chrono::steady_clock;
 
 int g_signal_pipe[2] = {-1, -1};
+pid_t g_launcher_pid = -1;  // a handler running in a forked child must not speak for us
 
 void on_signal(int signo) {
+  if (getpid() != g_launcher_pid) return;
   const int saved = errno;
   const unsigned char b = static_cast<unsigned char>(signo);
   if (write(g_signal_pipe[1], &b, 1) < 0) {
@@ -43,6 +45,7 @@ struct SignalScope {  // the handlers live exactly as long as one supervise() ca
   struct sigaction old[4];
   SignalScope() {
     if (pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) throw InternalError(cat("pipe2: ", std::strerror(errno)));
+    g_launcher_pid = getpid();
     struct sigaction sa {};
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
@@ -166,19 +169,32 @@ void start(Proc& p) {
   auto argv = c_strings(p.spec->argv);
   auto envp = c_strings(p.spec->env);
   const pid_t parent = getpid();
+  // Signals stay blocked from before fork() until the child has its default handlers back.
+  // Otherwise a SIGTERM to the child's new group sent at once (another rank failed right
+  // away) runs our handler in the child, which writes it into the signal pipe it shares with
+  // us until exec: the launcher then reads it as a signal to itself ("launch: received
+  // Terminated"), and the child, which caught it, lives on.
+  sigset_t all, old;
+  sigfillset(&all);
+  sigprocmask(SIG_BLOCK, &all, &old);
   const pid_t pid = fork();
-  if (pid < 0) throw InternalError(cat("fork: ", std::strerror(errno)));
+  if (pid < 0) {
+    const int err = errno;
+    sigprocmask(SIG_SETMASK, &old, nullptr);
+    throw InternalError(cat("fork: ", std::strerror(err)));
+  }
   if (pid == 0) {
     // Child: own process group (so the whole worker tree can be signalled), killed with the
-    // launcher, default signal dispositions, output into the pipes.
+    // launcher, default signal dispositions, then whatever arrived meanwhile is delivered
+    // (and acted on by default), output into the pipes.
     setpgid(0, 0);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(137);  // the launcher died before prctl took effect
+    for (int s : kSignals) signal(s, SIG_DFL);
+    signal(SIGPIPE, SIG_DFL);
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
-    for (int s : kSignals) signal(s, SIG_DFL);
-    signal(SIGPIPE, SIG_DFL);
     const int devnull = open("/dev/null", O_RDONLY);
     dup2(p.spec->stdin_pipe ? in[0] : devnull, 0);
     dup2(out[1], 1);
@@ -187,6 +203,7 @@ void start(Proc& p) {
     dprintf(2, "cannot run '%s': %s\n", argv[0], std::strerror(errno));
     _exit(127);
   }
+  sigprocmask(SIG_SETMASK, &old, nullptr);
   setpgid(pid, pid);  // also from the parent: no window where the child is in our group
   p.pid = pid;
   close(out[1]);
