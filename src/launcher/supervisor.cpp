@@ -10,12 +10,14 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <dirent.h>
 #include <fstream>
 #include <map>
 #include <regex>
+#include <sstream>
 
 #include "common/error.h"
 
@@ -83,6 +85,10 @@ struct Proc {
 std::vector<pid_t> adopted_children(const std::vector<pid_t>& known) {
   std::vector<pid_t> out;
   const pid_t self = getpid();
+  // A /proc of another pid namespace (a container's unmounted host /proc) names other
+  // processes by the numbers our kill() would use: then we cannot tell which are ours.
+  char link[32] = {};
+  if (readlink("/proc/self", link, sizeof(link) - 1) <= 0 || std::atoi(link) != self) return out;
   DIR* d = opendir("/proc");
   if (!d) return out;
   while (dirent* e = readdir(d)) {
@@ -102,6 +108,23 @@ std::vector<pid_t> adopted_children(const std::vector<pid_t>& known) {
   }
   closedir(d);
   return out;
+}
+
+// `PID START_TIME LABEL` per process, written to a temporary name and renamed, so a reader
+// never sees half a file. The processes are our children and not reaped yet: their pids
+// and start times are theirs.
+void write_pid_file(const std::string& path, const std::vector<Proc>& procs) {
+  const std::string tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  bool ok = f != nullptr;
+  for (const auto& p : procs) {
+    if (ok && p.pid > 0) ok = std::fprintf(f, "%d %lld %s\n", static_cast<int>(p.pid), process_start_time(p.pid), p.spec->label.c_str()) > 0;
+  }
+  if (f && std::fclose(f) != 0) ok = false;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::fprintf(stderr, "launch: warning: cannot write --pid_file '%s': %s\n", path.c_str(), std::strerror(errno));
+    unlink(tmp.c_str());
+  }
 }
 
 // The exit code announced by a per-node launcher's failure line, or -1.
@@ -250,6 +273,20 @@ std::vector<std::string> make_environment(const std::vector<std::pair<std::strin
 
 void hangup_when_parent_dies() { prctl(PR_SET_PDEATHSIG, SIGHUP); }
 
+long long process_start_time(int pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  std::getline(f, stat);
+  const auto close = stat.rfind(')');
+  if (close == std::string::npos) return -1;
+  std::istringstream rest(stat.substr(close + 2));
+  std::string field;
+  for (int i = 3; i <= 22 && rest >> field; ++i) {  // fields 3.. follow the ")"
+    if (i == 22) return std::stoll(field);
+  }
+  return -1;
+}
+
 std::string node_failure_line(int node, int exit_code) {
   return cat("polytrain-launch: node ", node, " failed with exit code ", exit_code);
 }
@@ -323,6 +360,7 @@ Outcome supervise(const std::vector<ProcSpec>& specs, const SuperviseOptions& op
   for (size_t i = 0; i < procs.size() && !stopping; ++i) {
     start(procs[i]);
   }
+  if (!opts.pid_file.empty()) write_pid_file(opts.pid_file, procs);
   bool all_reaped = false;
   while (true) {
     reap();
@@ -383,6 +421,7 @@ Outcome supervise(const std::vector<ProcSpec>& specs, const SuperviseOptions& op
   }
   while (waitpid(-1, nullptr, WNOHANG) > 0) {
   }
+  if (!opts.pid_file.empty()) unlink(opts.pid_file.c_str());  // its pids are free for reuse now
   if (result.launcher_signal != 0) {
     result.exit_code = 128 + result.launcher_signal;
     std::fprintf(stderr, "launch: received %s; stopped %zu process(es)\n", strsignal(result.launcher_signal),
