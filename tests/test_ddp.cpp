@@ -2,9 +2,9 @@
 // on the real corpus (the contract later data-parallel backends reuse): with the same seed,
 // dropout off and the same global batch (16), world 2 and 4 over Gloo and world 2 over MPI
 // reproduce world 1's loss trajectory over 50 steps within 1e-5 relative, and the final
-// parameters match to all-reduce rounding. Then: a rank SIGKILLed mid-run ends the job
-// quickly and non-zero, and a checkpoint written at world size 2 resumes at world size 1 on
-// the same loss curve.
+// parameters match to all-reduce rounding. Then: a rank SIGKILLed mid-run (by the pid the
+// launcher's --pid_file lists) ends the job quickly and non-zero, and a checkpoint written
+// at world size 2 resumes at world size 1 on the same loss curve.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "helpers/own_process.h"
 #include "polytrain/models/safetensors.h"
 #include "polytrain/parallel/comm/communicator.h"
 
@@ -161,18 +162,23 @@ TEST_F(Fixture, KilledRankEndsTheJobAndResumeWorksAtAnotherWorldSize) {
   auto full = train("full", "--num_gpus 2", "pytorchDDP", 8, "--max_steps 40 --save_interval 20");
   // A run that loses rank 1 after its checkpoint at step 20 must end, non-zero, promptly.
   const std::string ckpt = (dir / "part").string();
-  CmdResult killed = run("sh -c '(OMP_NUM_THREADS=1 " + kLaunch + " --master_port " +
-                   std::to_string(40000 + ::getpid() % 20000) + " --num_gpus 2 train_bert --config " +
-                   (dir / "config.json").string() +
-                   " --env_type pytorchDDP --train_batch_size 16 --train_micro_batch_size_per_gpu 8"
-                   " --experiment_name part --max_steps 1000 --save_interval 20 --save_dir " + ckpt +
-                   " > " + (dir / "killed.txt").string() + " 2>&1; echo launch_rc=$? >> " + (dir / "killed.txt").string() +
-                   ") & l=$!; while [ ! -f " + ckpt + "/latest ] && kill -0 $l 2>/dev/null; do sleep 0.2; done; "
-                   "pkill -9 -f \"^[^ ]*/train_bert .*--save_dir " + ckpt + " .*--local_rank=1\"; wait; cat " +
-                   (dir / "killed.txt").string() + "'");
-  EXPECT_NE(killed.out.find("was killed by signal 9"), std::string::npos) << killed.out;
-  EXPECT_NE(killed.out.find("launch_rc=137"), std::string::npos) << killed.out;
-  EXPECT_LT(killed.seconds, 120.0);
+  const std::string pids = (dir / "part.pids").string();
+  const auto t0 = std::chrono::steady_clock::now();
+  polytrain::testing::OwnProcess launch(
+      "exec env OMP_NUM_THREADS=1 " + kLaunch + " --master_port " + std::to_string(40000 + ::getpid() % 20000) +
+          " --num_gpus 2 --pid_file '" + pids + "' train_bert --config '" + (dir / "config.json").string() +
+          "' --env_type pytorchDDP --train_batch_size 16 --train_micro_batch_size_per_gpu 8"
+          " --experiment_name part --max_steps 1000 --save_interval 20 --save_dir '" + ckpt + "'",
+      POLYTRAIN_SOURCE_DIR, (dir / "killed.txt").string());
+  // Rank 1, by the pid the launcher lists for it (checked to be still that process), once the
+  // step-20 checkpoint is complete.
+  ASSERT_TRUE(polytrain::testing::wait_until(
+      [&] { return fs::exists(fs::path(ckpt) / "latest") || !launch.running(); }, 500)) << launch.output();
+  EXPECT_TRUE(polytrain::testing::signal_listed(polytrain::testing::find_listed(pids, "rank 1 "), SIGKILL))
+      << launch.output();
+  EXPECT_EQ(launch.wait(), 137) << launch.output();
+  EXPECT_NE(launch.output().find("was killed by signal 9"), std::string::npos) << launch.output();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 120.0);
   // Resume its step-20 checkpoint at world size 1 and run to step 40: the same curve.
   fs::remove_all(dir / "resumed");
   fs::create_directories(dir / "resumed");

@@ -1,8 +1,9 @@
 // `launch` as users run it, with tests/helpers/launch_probe as the worker: the environment
 // each rank gets, rank-prefixed output and log files, .deepspeed_env, a failing rank stopping
 // the group with its exit code (SIGKILL after the grace period, no orphans left), SIGINT and
-// SIGTERM to the launcher, --max_restarts, --dry_run JSON, bad input, and the ssh and pdsh
-// runners end to end through stand-ins that run the remote command on this machine.
+// SIGTERM to the launcher, --max_restarts, --pid_file, --dry_run JSON, bad input, the ssh and
+// pdsh runners end to end through stand-ins that run the remote command on this machine, and
+// the rule that nothing (launcher or test) signals a process it did not start.
 #include <string>
 
 #include <gtest/gtest.h>
@@ -15,12 +16,17 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "helpers/own_process.h"
+
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using polytrain::testing::OwnProcess;
+using polytrain::testing::wait_until;
 
 namespace {
 
@@ -174,24 +180,203 @@ TEST(Launch, WorkerKilledBySignalIsReported) {
   EXPECT_LT(r.seconds, 5.0);  // the survivor (sleeping 30 s) was stopped at once
 }
 
-class LauncherSignal : public ::testing::TestWithParam<std::pair<std::string, int>> {};
+struct SignalCase {
+  const char* name;
+  int sig;
+  int code;
+};
+void PrintTo(const SignalCase& c, std::ostream* os) { *os << c.name; }
+
+class LauncherSignal : public ::testing::TestWithParam<SignalCase> {};
+
+int files_in(const fs::path& dir) {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(dir)) n += e.is_regular_file();
+  return n;
+}
 
 TEST_P(LauncherSignal, StopsWorkersAndExitsWith128PlusSignal) {
   TempDir t;
   fs::create_directories(t.path / "pids");
-  const auto [sig, code] = GetParam();
-  auto r = run(env_prefix(t) + "sh -c '" + kLaunch + " --num_gpus 2 " + kProbe +
-                   " --sleep 60 --grandchild --pid_dir pids & pid=$!; sleep 1.5; kill -" + sig +
-                   " $pid; wait $pid; echo launch_rc=$?'",
-               t.path);
-  EXPECT_NE(r.out.find("launch_rc=" + std::to_string(code)), std::string::npos) << r.out;
-  EXPECT_LT(r.seconds, 15.0);
+  const auto c = GetParam();
+  const auto t0 = std::chrono::steady_clock::now();
+  // The launcher is this test's own child (`exec` keeps the pid), signalled before it is reaped.
+  OwnProcess launch("exec " + env_prefix(t) + kLaunch + " --num_gpus 2 --pid_file group.pids " + kProbe +
+                        " --sleep 60 --grandchild --pid_dir pids",
+                    t.path.string(), (t.path / "out.txt").string());
+  // Supervising (the pid file comes after its signal handlers) and both grandchildren forked.
+  ASSERT_TRUE(wait_until([&] { return (fs::exists(t.path / "group.pids") && files_in(t.path / "pids") == 4) || !launch.running(); }, 30));
+  ASSERT_TRUE(launch.signal(c.sig)) << launch.output();
+  EXPECT_EQ(launch.wait(), c.code) << launch.output();
+  EXPECT_NE(launch.output().find(std::string("launch: received ") + strsignal(c.sig) + "; stopped 2 process(es)"), std::string::npos)
+      << launch.output();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 15.0);
+  EXPECT_FALSE(fs::exists(t.path / "group.pids"));  // removed with the group
   expect_all_dead(t.path / "pids");
 }
 
 INSTANTIATE_TEST_SUITE_P(Signals, LauncherSignal,
-                         ::testing::Values(std::pair<std::string, int>{"INT", 130}, std::pair<std::string, int>{"TERM", 143}),
-                         [](const auto& info) { return info.param.first; });
+                         ::testing::Values(SignalCase{"INT", SIGINT, 130}, SignalCase{"TERM", SIGTERM, 143}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// A group stopped right after it started: a rank fails at once while the launcher's newest
+// children are still between fork() and exec(). strace keeps each child there for 0.8 s
+// (prctl delayed) and spaces the forks (pipe2 delayed), so that the SIGTERM to those
+// children's groups lands in that window every time. It used to run the launcher's own
+// handler in the child, which wrote SIGTERM into the signal pipe it still shared with the
+// launcher: the launcher took it for a signal to itself ("launch: received Terminated",
+// exit 143) and gave up instead of restarting, as MaxRestartsRestartsTheWholeGroup did
+// under load in CI.
+TEST(Launch, GroupStoppedBeforeItsProcessesExecIsStillRestarted) {
+  TempDir t;
+  if (run("command -v strace", t.path).code != 0) GTEST_SKIP() << "strace not installed";
+  auto r = run(env_prefix(t) + "strace -f -qq -o trace.txt -e trace=pipe2,prctl -e inject=pipe2:delay_enter=150000"
+               " -e inject=prctl:delay_enter=800000 " + kLaunch + " --num_gpus 4 --max_restarts 1 " + kProbe +
+               " --fail_rank 0 --fail_while_restart_below 1 --sleep 0.3",
+               t.path);
+  std::ifstream trace(t.path / "trace.txt");
+  std::stringstream ss;
+  ss << trace.rdbuf();
+  if (ss.str().find("PR_SET_PDEATHSIG") == std::string::npos) GTEST_SKIP() << "strace cannot trace here: " << r.out;
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("restarting the group (restart 1 of 1)"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("launch: received"), std::string::npos) << r.out;
+}
+
+// --pid_file: while the group runs it lists every worker with its start time (what a test, or
+// a user's script, needs to signal exactly that process and no later owner of its pid).
+TEST(Launch, PidFileListsTheRunningGroup) {
+  TempDir t;
+  fs::create_directories(t.path / "pids");
+  OwnProcess launch("exec " + env_prefix(t) + kLaunch + " --num_gpus 2 --pid_file group.pids " + kProbe +
+                        " --sleep 60 --fail_rank 1 --exit_code 0 --pid_dir pids",
+                    t.path.string(), (t.path / "out.txt").string());
+  ASSERT_TRUE(wait_until([&] { return probes(launch.output()).size() == 2 || !launch.running(); }, 30)) << launch.output();
+  const auto listed = polytrain::testing::read_pid_file((t.path / "group.pids").string());
+  ASSERT_EQ(listed.size(), 2u) << launch.output();
+  auto p = probes(launch.output());
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(listed[rank].label, "rank " + std::to_string(rank) + " (host localhost)");
+    EXPECT_EQ(listed[rank].pid, p[rank]["pid"].get<int>());
+  }
+  // Rank 1 has exited (reaped by the launcher): its entry no longer matches anything, so
+  // nothing is signalled even if its pid were reused by now.
+  ASSERT_TRUE(wait_until([&] { return polytrain::launcher::process_start_time(listed[1].pid) != listed[1].start_time; }, 10));
+  EXPECT_FALSE(polytrain::testing::signal_listed(listed[1], SIGTERM));
+  EXPECT_EQ(polytrain::launcher::process_start_time(listed[0].pid), listed[0].start_time);
+  EXPECT_TRUE(polytrain::testing::signal_listed(listed[0], SIGKILL));
+  EXPECT_EQ(launch.wait(), 137) << launch.output();
+  EXPECT_NE(launch.output().find("rank 0 (host localhost) (pid " + std::to_string(listed[0].pid) + ") was killed by signal 9"),
+            std::string::npos) << launch.output();
+  EXPECT_FALSE(fs::exists(t.path / "group.pids"));  // gone with the group: its pids are free
+  auto r = run(env_prefix(t) + kLaunch + " --num_gpus 1 --pid_file no/such/dir/p " + kProbe, t.path);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_EQ(r.out.rfind("error: --pid_file: cannot write 'no/such/dir/p': No such file or directory", 0), 0u) << r.out;
+}
+
+// One process's calls from an `strace -f` log, unfinished/resumed halves joined.
+struct TracedCall {
+  int pid;
+  std::string name, args;
+  long ret;
+  std::string tail;
+};
+
+std::vector<TracedCall> read_strace(const fs::path& file) {
+  std::vector<TracedCall> calls;
+  std::map<int, std::string> pending;
+  std::ifstream in(file);
+  const std::regex line_re(R"(^(\d+) +(.*)$)"), call_re(R"(^(\w+)\((.*)\) += (-?\d+)(.*)$)"),
+      resumed_re(R"(^<\.\.\. \w+ resumed>(.*)$)");
+  std::smatch m;
+  for (std::string line; std::getline(in, line);) {
+    if (!std::regex_match(line, m, line_re)) continue;
+    const int pid = std::stoi(m[1]);
+    std::string text = m[2];
+    const std::string unfinished = " <unfinished ...>";
+    if (text.size() > unfinished.size() && text.compare(text.size() - unfinished.size(), unfinished.size(), unfinished) == 0) {
+      pending[pid] = text.substr(0, text.size() - unfinished.size());
+      continue;
+    }
+    if (std::regex_match(text, m, resumed_re)) text = pending[pid] + m[1].str();
+    if (std::regex_match(text, m, call_re)) calls.push_back({pid, m[1], m[2], std::stol(m[3]), m[4]});
+  }
+  return calls;
+}
+
+// The launcher signals only what it started: traced while it stops a group the hard way (a
+// rank fails, the survivors ignore SIGTERM, each has a grandchild in its group and one that
+// left it for its own session), every signal it sends goes to a process, or the group of a
+// process, that descends from it and that it has not reaped, and finds it there (no ESRCH):
+// a pid it no longer holds may belong to anyone by then.
+TEST(Launch, SignalsOnlyProcessesItStartedAndHasNotReaped) {
+  TempDir t;
+  if (run("command -v strace", t.path).code != 0) GTEST_SKIP() << "strace not installed";
+  fs::create_directories(t.path / "pids");
+  auto r = run(env_prefix(t) + "strace -f -qq -o trace.txt -e trace=kill,tkill,tgkill,pidfd_send_signal,clone,clone3,fork,vfork,"
+               "wait4,waitid,execve -e signal=none " + kLaunch + " --num_gpus 3 --term_timeout 1 " + kProbe +
+               " --fail_rank 1 --exit_code 7 --fail_after 0.5 --sleep 60 --ignore_term --grandchild --detached_grandchild"
+               " --pid_dir pids",
+               t.path);
+  const auto calls = read_strace(t.path / "trace.txt");
+  if (calls.empty()) GTEST_SKIP() << "strace cannot trace here: " << r.out;
+  EXPECT_EQ(r.code, 7) << r.out;
+  int launcher = -1;  // the process that ran `launch`
+  for (const auto& c : calls)
+    if (launcher < 0 && c.name == "execve" && c.ret == 0 && c.args.rfind("\"" + kLaunch + "\"", 0) == 0) launcher = c.pid;
+  ASSERT_GT(launcher, 0) << "no execve of " << kLaunch << " in the trace";
+  std::map<int, int> parent;  // process -> the process that forked it
+  std::set<int> reaped;       // by the launcher
+  int group_kills = 0, sigkills = 0, pid_kills = 0;
+  auto descends = [&](int p) {
+    for (int hops = 0; parent.count(p) && hops < 100; ++hops)
+      if ((p = parent[p]) == launcher) return true;
+    return false;
+  };
+  for (const auto& c : calls) {
+    const bool fork = c.name == "clone" || c.name == "clone3" || c.name == "fork" || c.name == "vfork";
+    if (fork && c.ret > 0 && c.args.find("CLONE_THREAD") == std::string::npos) parent[static_cast<int>(c.ret)] = c.pid;
+    if ((c.name == "wait4" || c.name == "waitid") && c.pid == launcher && c.ret > 0) reaped.insert(static_cast<int>(c.ret));
+    if (c.pid != launcher || (c.name != "kill" && c.name != "tkill" && c.name != "tgkill" && c.name != "pidfd_send_signal")) continue;
+    const std::string call = c.name + "(" + c.args + ") = " + std::to_string(c.ret) + c.tail;
+    ASSERT_EQ(c.name, "kill") << call;
+    const int target = std::stoi(c.args);
+    const std::string sig = c.args.substr(c.args.find(',') + 2);
+    if (sig == "0") continue;
+    EXPECT_TRUE(descends(std::abs(target))) << call << ": not a process the launcher started";
+    EXPECT_FALSE(reaped.count(std::abs(target))) << call << ": already reaped by the launcher";
+    EXPECT_EQ(c.ret, 0) << call;
+    group_kills += target < 0;
+    pid_kills += target > 0;
+    sigkills += sig == "SIGKILL";
+  }
+  EXPECT_GE(group_kills, 2) << "SIGTERM to the survivors' groups";
+  EXPECT_GE(sigkills, 2) << "SIGKILL after --term_timeout";
+  EXPECT_GE(pid_kills, 2) << "the detached grandchildren, stopped by pid once re-parented to the launcher";
+  expect_all_dead(t.path / "pids");
+}
+
+// Tests end their own processes by pid (helpers/own_process.h), never by a name pattern: a
+// pattern also matches what another test, or another user, runs on the same machine.
+TEST(Launch, TestsNeverSignalProcessesByName) {
+  const std::vector<std::string> by_name = {std::string("pk") + "ill ", std::string("kill") + "all "};
+  int files = 0;
+  for (const auto& e : fs::recursive_directory_iterator(fs::path(POLYTRAIN_SOURCE_DIR) / "tests")) {
+    const auto ext = e.path().extension();
+    if (!e.is_regular_file() || (ext != ".cpp" && ext != ".h" && ext != ".sh" && ext != ".py")) continue;
+    ++files;
+    std::ifstream in(e.path());
+    int n = 0;
+    for (std::string line; std::getline(in, line);) {
+      ++n;
+      const auto code = line.find_first_not_of(" \t");
+      if (code == std::string::npos || line.compare(code, 2, "//") == 0 || line[code] == '#') continue;  // prose
+      for (const auto& w : by_name)
+        EXPECT_EQ(line.find(w), std::string::npos) << e.path().string() << ":" << n << " signals by name: " << line;
+    }
+  }
+  EXPECT_GT(files, 10);
+}
 
 TEST(Launch, MaxRestartsRestartsTheWholeGroup) {
   TempDir t;
@@ -327,20 +512,12 @@ TEST(Launch, TwoHostsThroughARealSshServer) {
   t.write("sshd_config", "Port " + std::to_string(port) + "\nListenAddress 127.0.0.2\nListenAddress 127.0.0.3\n"
           "HostKey " + d + "/hk\nAuthorizedKeysFile " + d + "/keys\nPidFile " + d + "/sshd.pid\n"
           "UsePAM no\nStrictModes no\nPermitRootLogin yes\nPasswordAuthentication no\n");
-  ASSERT_EQ(run("/usr/sbin/sshd -f " + d + "/sshd_config", t.path).code, 0);  // daemonizes; pid in sshd.pid
-  struct StopSshd {
-    std::string pidfile;
-    ~StopSshd() {
-      std::ifstream f(pidfile);
-      int pid = 0;
-      if (!(f >> pid) || pid <= 0) return;
-      ::kill(pid, SIGTERM);
-      // sshd deletes its pid file on the way out; wait for that so the temp dir is not
-      // removed under it.
-      for (int i = 0; i < 50 && fs::exists(pidfile); ++i) ::usleep(100000);
-    }
-  } stop{d + "/sshd.pid"};
-  for (int i = 0; i < 50 && !fs::exists(t.path / "sshd.pid"); ++i) ::usleep(100000);
+  // sshd in the foreground (-D) as this test's own child: stopped through that pid, which
+  // cannot be anyone else's before it is reaped (a daemon's pid file can name a stranger once
+  // the daemon is gone).
+  OwnProcess sshd("exec /usr/sbin/sshd -D -e -f " + d + "/sshd_config", d, d + "/sshd.log", SIGTERM);
+  ASSERT_TRUE(wait_until([&] { return fs::exists(t.path / "sshd.pid") || !sshd.running(); }, 10)) << sshd.output();
+  ASSERT_TRUE(sshd.running()) << sshd.output();
   t.write("hostfile", "127.0.0.2 slots=2\n127.0.0.3 slots=1\n");
   const std::string args = "--launcher_args '-p " + std::to_string(port) + " -i " + d +
                            "/uk -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o BatchMode=yes "
@@ -391,6 +568,52 @@ TEST(Launch, OpenMpiWorkersMapOmpiVariables) {
   EXPECT_LT(r.seconds, 20.0);
 }
 
+// The processes whose process-group id is `pgid`.
+std::vector<int> group_members(int pgid) {
+  std::vector<int> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream f(e.path() / "stat");
+    std::string stat;
+    std::getline(f, stat);
+    const auto close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 2));
+    std::string state;
+    int ppid = 0, pgrp = 0;
+    if (rest >> state >> ppid >> pgrp && pgrp == pgid) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+// `launch --hold_pid` (what mpirun runs for each rank): after the rank has ended and its
+// parent (mpirun; here a shell standing in for it) has reaped it, its pid stays allocated,
+// held as a process-group id, until that parent exits; so a signal mpirun sends to that pid
+// late finds nothing (ESRCH) instead of a process that was given the pid since. The rank's
+// exit code, or the signal that killed it, is the holder's.
+TEST(Launch, HoldPidKeepsAReapedRanksPidUntilItsRunnerExits) {
+  TempDir t;
+  OwnProcess runner("exec sh -c '" + kLaunch + " --hold_pid -- sh -c \"exit 3\" & echo holder=$!; wait $!; echo rc=$?; " +
+                        kLaunch + " --hold_pid -- sh -c \"kill -TERM \\$\\$\"; echo rc=$?; "
+                        "touch checked; while [ ! -f done ]; do sleep 0.05; done'",
+                    t.path.string(), (t.path / "out.txt").string());
+  ASSERT_TRUE(wait_until([&] { return fs::exists(t.path / "checked") || !runner.running(); }, 20)) << runner.output();
+  const std::string out = runner.output();
+  EXPECT_NE(out.find("rc=3\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("rc=143\n"), std::string::npos) << out;  // killed by SIGTERM, like its PROGRAM
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("holder=([0-9]+)"))) << out;
+  const int holder = std::stoi(m[1]);
+  errno = 0;
+  EXPECT_EQ(::getpgid(holder), -1) << "the holder has been reaped";
+  EXPECT_EQ(errno, ESRCH);
+  EXPECT_EQ(group_members(holder).size(), 1u) << "its keeper holds the pid as a group id";
+  t.write("done", "");
+  EXPECT_EQ(runner.wait(), 0) << runner.output();
+  EXPECT_TRUE(wait_until([&] { return group_members(holder).empty(); }, 10)) << "the keeper outlived its runner";
+}
+
 // The restart story end to end: a worker SIGKILLed after its first checkpoint is restarted
 // by --max_restarts and continues from that checkpoint (--load_dir = --save_dir).
 TEST(Launch, RestartResumesTrainingFromTheLastCheckpoint) {
@@ -399,23 +622,24 @@ TEST(Launch, RestartResumesTrainingFromTheLastCheckpoint) {
   }
   TempDir t;
   const std::string ckpt = (t.path / "ckpt").string();
-  const std::string cmd = "cd " POLYTRAIN_SOURCE_DIR " && " + env_prefix(t) + kLaunch +
-                          " --num_gpus 1 --max_restarts 1 train_bert --config configs/bert_tiny.json --max_steps 30"
-                          " --save_interval 10 --eval_interval 1000 --log_interval 10 --no_progress_bar"
-                          " --experiments_dir '" + (t.path / "exp").string() + "' --save_dir '" + ckpt +
-                          "' --load_dir '" + ckpt + "'";
-  // Kill the worker (not the launcher) once global_step10 is complete.
-  // (The $ of the inner shell's variables is escaped from the outer one's double quotes.)
-  auto r = run("sh -c \"(" + cmd + ") > out.txt 2>&1 & l=\\$!; "
-               "while [ ! -f '" + ckpt + "/latest' ] && kill -0 \\$l 2>/dev/null; do sleep 0.2; done; "
-               "pkill -9 -f '^[^ ]*/train_bert .*" + ckpt + "'; wait \\$l; echo launch_rc=\\$?; cat out.txt\"",
-               t.path);
-  EXPECT_NE(r.out.find("launch_rc=0"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("no checkpoint in " + ckpt + " yet: starting at step 0"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("was killed by signal 9"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("restarting the group (restart 1 of 1)"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("resumed from " + ckpt + "/global_step"), std::string::npos) << r.out;
-  EXPECT_TRUE(fs::exists(fs::path(ckpt) / "global_step30")) << r.out;
+  const std::string pids = (t.path / "group.pids").string();
+  OwnProcess launch("exec " + env_prefix(t) + kLaunch + " --num_gpus 1 --max_restarts 1 --pid_file '" + pids +
+                        "' train_bert --config configs/bert_tiny.json --max_steps 30 --save_interval 10"
+                        " --eval_interval 1000 --log_interval 10 --no_progress_bar --experiments_dir '" +
+                        (t.path / "exp").string() + "' --save_dir '" + ckpt + "' --load_dir '" + ckpt + "'",
+                    POLYTRAIN_SOURCE_DIR, (t.path / "out.txt").string());
+  // Kill the worker (not the launcher) once global_step10 is complete: by the pid the
+  // launcher lists for it, checked to be still that process.
+  ASSERT_TRUE(wait_until([&] { return fs::exists(fs::path(ckpt) / "latest") || !launch.running(); }, 500)) << launch.output();
+  ASSERT_TRUE(launch.running()) << launch.output();
+  EXPECT_TRUE(polytrain::testing::signal_listed(polytrain::testing::find_listed(pids, "rank 0 "), SIGKILL)) << launch.output();
+  EXPECT_EQ(launch.wait(), 0) << launch.output();
+  const std::string out = launch.output();
+  EXPECT_NE(out.find("no checkpoint in " + ckpt + " yet: starting at step 0"), std::string::npos) << out;
+  EXPECT_NE(out.find("was killed by signal 9"), std::string::npos) << out;
+  EXPECT_NE(out.find("restarting the group (restart 1 of 1)"), std::string::npos) << out;
+  EXPECT_NE(out.find("resumed from " + ckpt + "/global_step"), std::string::npos) << out;
+  EXPECT_TRUE(fs::exists(fs::path(ckpt) / "global_step30")) << out;
 }
 
 }  // namespace

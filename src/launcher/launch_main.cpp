@@ -4,8 +4,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <thread>
@@ -17,6 +19,7 @@
 #include "polytrain/common/main_guard.h"
 #include "polytrain/launcher/env_file.h"
 #include "polytrain/launcher/hostfile.h"
+#include "polytrain/launcher/pid_holder.h"
 #include "polytrain/launcher/plan.h"
 #include "polytrain/launcher/runners.h"
 #include "polytrain/launcher/supervisor.h"
@@ -69,6 +72,15 @@ void make_dirs(const std::string& dir) {
   }
   struct stat st {};
   if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) throw InputError(cat("--log_dir: cannot create '", dir, "'"));
+}
+
+// What mpirun runs for each rank: PROGRAM under `launch --hold_pid` (pid_holder.h), so that
+// mpirun's signals to a rank it has already reaped cannot reach a process that is not ours.
+LaunchOptions with_pid_holder(LaunchOptions o) {
+  Argv held{self_exe(), "--hold_pid", "--"};
+  held.insert(held.end(), o.program.begin(), o.program.end());
+  o.program = held;
+  return o;
 }
 
 struct Job {
@@ -126,7 +138,7 @@ Job build_job(const LaunchOptions& o, const WorldPlan& plan, const std::string& 
   const std::string cwd = current_dir();
   if (launcher == "openmpi" || launcher == "slurm") {
     job.mpi_hostfile_text = mpirun_hostfile(plan);
-    job.runner = launcher == "openmpi" ? mpirun_argv(o, plan, exports, "<generated hostfile>")
+    job.runner = launcher == "openmpi" ? mpirun_argv(with_pid_holder(o), plan, exports, "<generated hostfile>")
                                        : srun_argv(o, plan, exports);
     for (const auto& n : plan.nodes)
       for (size_t i = 0; i < n.ranks.size(); ++i) job.hosts_commands[n.host].push_back(join_command(o.program));
@@ -177,11 +189,14 @@ int run(int argc, char** argv) {
   app.add_flag("--no_ssh", o.no_ssh, "start only this node's ranks (run launch on every node by hand)");
   app.add_option("--max_restarts", o.max_restarts, "restart the whole group up to N times after a failure")->check(CLI::NonNegativeNumber);
   app.add_option("--log_dir", o.log_dir, "also write each rank's output to LOG_DIR/rank_<R>.log");
+  app.add_option("--pid_file", o.pid_file, "while the group runs, list its processes here: 'PID START_TIME LABEL' lines");
   app.add_flag("--no_local_rank", o.no_local_rank, "do not append --local_rank=N to the program's arguments");
   app.add_flag("--dry_run", o.dry_run, "print the plan as JSON and exit");
   app.add_option("--term_timeout", o.term_timeout, "seconds from SIGTERM to SIGKILL when stopping workers")->check(CLI::NonNegativeNumber);
   app.add_option("--slot_type", o.slot_type, "gpu (set CUDA_VISIBLE_DEVICES), cpu, auto")->check(CLI::IsMember({"gpu", "cpu", "auto"}));
   app.add_option("--world_info", o.world_info, "internal: the plan, for per-node launchers")->group("");
+  bool hold_pid = false;
+  app.add_flag("--hold_pid", hold_pid, "internal: run PROGRAM for mpirun (pid_holder.h)")->group("");
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {
@@ -196,6 +211,7 @@ int run(int argc, char** argv) {
     throw InputError(cat("command line: unknown option '", o.program.front(), "' (see --help)"));
   }
   if (o.program.empty()) throw InputError("command line: no PROGRAM given (launch [options] PROGRAM [ARGS...])");
+  if (hold_pid) run_holding_pid(o.program);
   o.hostfile_given = hf->count() > 0;
   const bool gpu_slots = o.slot_type == "gpu" || (o.slot_type == "auto" && local_gpu_count() > 0);
 
@@ -256,8 +272,15 @@ int run(int argc, char** argv) {
     return 0;
   }
   if (!o.log_dir.empty()) make_dirs(o.log_dir);
+  if (!o.pid_file.empty()) {  // a bad path is bad input, found before anything starts
+    FILE* f = std::fopen((o.pid_file + ".tmp").c_str(), "w");
+    if (!f) throw InputError(cat("--pid_file: cannot write '", o.pid_file, "': ", std::strerror(errno)));
+    std::fclose(f);
+    unlink((o.pid_file + ".tmp").c_str());
+  }
   SuperviseOptions so;
   so.term_timeout = o.term_timeout;
+  so.pid_file = o.pid_file;
   for (int attempt = 0;; ++attempt) {
     Job job = build_job(o, plan, launcher, node_rank, restart_base + attempt);
     std::string mpi_hostfile;
@@ -269,7 +292,7 @@ int run(int argc, char** argv) {
       PT_CHECK(write(fd, job.mpi_hostfile_text.data(), job.mpi_hostfile_text.size()) ==
                    static_cast<ssize_t>(job.mpi_hostfile_text.size()), "write ", mpi_hostfile);
       close(fd);
-      job.procs.back().argv = mpirun_argv(o, plan, remote_exports(load_env_files()), mpi_hostfile);
+      job.procs.back().argv = mpirun_argv(with_pid_holder(o), plan, remote_exports(load_env_files()), mpi_hostfile);
     }
     if (attempt == 0 || launcher != "local" || node_rank == 0) {
       std::fprintf(stderr, "launch: %s, world size %d on %zu host(s), master %s:%d%s\n", launcher.c_str(),

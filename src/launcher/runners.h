@@ -27,6 +27,7 @@ struct LaunchOptions {
   bool no_ssh = false;
   int max_restarts = 0;
   std::string log_dir;
+  std::string pid_file;        ///< list the started processes' pids here while they run
   bool no_local_rank = false;
   bool dry_run = false;
   double term_timeout = 5.0;   ///< seconds between SIGTERM and SIGKILL when stopping workers

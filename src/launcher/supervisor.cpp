@@ -10,12 +10,14 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <dirent.h>
 #include <fstream>
 #include <map>
 #include <regex>
+#include <sstream>
 
 #include "polytrain/common/error.h"
 
@@ -28,8 +30,10 @@ using ::polytrain::detail::cat;
 using Clock = std::chrono::steady_clock;
 
 int g_signal_pipe[2] = {-1, -1};
+pid_t g_launcher_pid = -1;  // a handler running in a forked child must not speak for us
 
 void on_signal(int signo) {
+  if (getpid() != g_launcher_pid) return;
   const int saved = errno;
   const unsigned char b = static_cast<unsigned char>(signo);
   if (write(g_signal_pipe[1], &b, 1) < 0) {
@@ -43,6 +47,7 @@ struct SignalScope {  // the handlers live exactly as long as one supervise() ca
   struct sigaction old[4];
   SignalScope() {
     if (pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) throw InternalError(cat("pipe2: ", std::strerror(errno)));
+    g_launcher_pid = getpid();
     struct sigaction sa {};
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
@@ -80,6 +85,10 @@ struct Proc {
 std::vector<pid_t> adopted_children(const std::vector<pid_t>& known) {
   std::vector<pid_t> out;
   const pid_t self = getpid();
+  // A /proc of another pid namespace (a container's unmounted host /proc) names other
+  // processes by the numbers our kill() would use: then we cannot tell which are ours.
+  char link[32] = {};
+  if (readlink("/proc/self", link, sizeof(link) - 1) <= 0 || std::atoi(link) != self) return out;
   DIR* d = opendir("/proc");
   if (!d) return out;
   while (dirent* e = readdir(d)) {
@@ -99,6 +108,23 @@ std::vector<pid_t> adopted_children(const std::vector<pid_t>& known) {
   }
   closedir(d);
   return out;
+}
+
+// `PID START_TIME LABEL` per process, written to a temporary name and renamed, so a reader
+// never sees half a file. The processes are our children and not reaped yet: their pids
+// and start times are theirs.
+void write_pid_file(const std::string& path, const std::vector<Proc>& procs) {
+  const std::string tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  bool ok = f != nullptr;
+  for (const auto& p : procs) {
+    if (ok && p.pid > 0) ok = std::fprintf(f, "%d %lld %s\n", static_cast<int>(p.pid), process_start_time(p.pid), p.spec->label.c_str()) > 0;
+  }
+  if (f && std::fclose(f) != 0) ok = false;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::fprintf(stderr, "launch: warning: cannot write --pid_file '%s': %s\n", path.c_str(), std::strerror(errno));
+    unlink(tmp.c_str());
+  }
 }
 
 // The exit code announced by a per-node launcher's failure line, or -1.
@@ -166,19 +192,32 @@ void start(Proc& p) {
   auto argv = c_strings(p.spec->argv);
   auto envp = c_strings(p.spec->env);
   const pid_t parent = getpid();
+  // Signals stay blocked from before fork() until the child has its default handlers back.
+  // Otherwise a SIGTERM to the child's new group sent at once (another rank failed right
+  // away) runs our handler in the child, which writes it into the signal pipe it shares with
+  // us until exec: the launcher then reads it as a signal to itself ("launch: received
+  // Terminated"), and the child, which caught it, lives on.
+  sigset_t all, old;
+  sigfillset(&all);
+  sigprocmask(SIG_BLOCK, &all, &old);
   const pid_t pid = fork();
-  if (pid < 0) throw InternalError(cat("fork: ", std::strerror(errno)));
+  if (pid < 0) {
+    const int err = errno;
+    sigprocmask(SIG_SETMASK, &old, nullptr);
+    throw InternalError(cat("fork: ", std::strerror(err)));
+  }
   if (pid == 0) {
     // Child: own process group (so the whole worker tree can be signalled), killed with the
-    // launcher, default signal dispositions, output into the pipes.
+    // launcher, default signal dispositions, then whatever arrived meanwhile is delivered
+    // (and acted on by default), output into the pipes.
     setpgid(0, 0);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(137);  // the launcher died before prctl took effect
+    for (int s : kSignals) signal(s, SIG_DFL);
+    signal(SIGPIPE, SIG_DFL);
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
-    for (int s : kSignals) signal(s, SIG_DFL);
-    signal(SIGPIPE, SIG_DFL);
     const int devnull = open("/dev/null", O_RDONLY);
     dup2(p.spec->stdin_pipe ? in[0] : devnull, 0);
     dup2(out[1], 1);
@@ -187,6 +226,7 @@ void start(Proc& p) {
     dprintf(2, "cannot run '%s': %s\n", argv[0], std::strerror(errno));
     _exit(127);
   }
+  sigprocmask(SIG_SETMASK, &old, nullptr);
   setpgid(pid, pid);  // also from the parent: no window where the child is in our group
   p.pid = pid;
   close(out[1]);
@@ -232,6 +272,20 @@ std::vector<std::string> make_environment(const std::vector<std::pair<std::strin
 }
 
 void hangup_when_parent_dies() { prctl(PR_SET_PDEATHSIG, SIGHUP); }
+
+long long process_start_time(int pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  std::getline(f, stat);
+  const auto close = stat.rfind(')');
+  if (close == std::string::npos) return -1;
+  std::istringstream rest(stat.substr(close + 2));
+  std::string field;
+  for (int i = 3; i <= 22 && rest >> field; ++i) {  // fields 3.. follow the ")"
+    if (i == 22) return std::stoll(field);
+  }
+  return -1;
+}
 
 std::string node_failure_line(int node, int exit_code) {
   return cat("polytrain-launch: node ", node, " failed with exit code ", exit_code);
@@ -306,6 +360,7 @@ Outcome supervise(const std::vector<ProcSpec>& specs, const SuperviseOptions& op
   for (size_t i = 0; i < procs.size() && !stopping; ++i) {
     start(procs[i]);
   }
+  if (!opts.pid_file.empty()) write_pid_file(opts.pid_file, procs);
   bool all_reaped = false;
   while (true) {
     reap();
@@ -366,6 +421,7 @@ Outcome supervise(const std::vector<ProcSpec>& specs, const SuperviseOptions& op
   }
   while (waitpid(-1, nullptr, WNOHANG) > 0) {
   }
+  if (!opts.pid_file.empty()) unlink(opts.pid_file.c_str());  // its pids are free for reuse now
   if (result.launcher_signal != 0) {
     result.exit_code = 128 + result.launcher_signal;
     std::fprintf(stderr, "launch: received %s; stopped %zu process(es)\n", strsignal(result.launcher_signal),

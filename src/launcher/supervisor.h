@@ -5,7 +5,9 @@
 // (PR_SET_PDEATHSIG); stopping = SIGTERM to each group still running, SIGKILL to those left
 // after the grace period. The launcher is a child subreaper: what a worker leaves behind is
 // re-parented to it and stopped the same way when the group ends. Only processes this
-// launcher started, or their descendants, are ever signalled: by pid or group, never by name.
+// launcher started, or their descendants re-parented to it, are ever signalled, and only
+// while they are its unreaped children (so their pids cannot have been given to anyone
+// else): by pid or group, never by name. tests/test_launch.cpp checks this under strace.
 #pragma once
 
 #include <string>
@@ -32,7 +34,14 @@ std::string node_failure_line(int node, int exit_code);
 struct SuperviseOptions {
   double term_timeout = 5.0;  ///< seconds between SIGTERM and SIGKILL
   int tail_lines = 20;        ///< lines of a failed process's output shown in the report
+  /// If set: once the group has started, this file lists its processes, one line each,
+  /// `PID START_TIME LABEL` (START_TIME: field 22 of /proc/PID/stat, so that a reader can
+  /// tell the process from a later one that reuses its pid); removed when the group ends.
+  std::string pid_file;
 };
+
+/// Field 22 of /proc/PID/stat (start time in clock ticks after boot), or -1.
+long long process_start_time(int pid);
 
 struct Outcome {
   int exit_code = 0;       ///< 0, the failed process's code (128+signal if killed), or 128+signal of the launcher

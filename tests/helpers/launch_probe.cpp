@@ -5,6 +5,8 @@
 //   --sleep S                     everyone else sleeps S seconds before exiting 0
 //   --ignore_term                 ignore SIGTERM (the launcher must escalate to SIGKILL)
 //   --grandchild                  fork a child that sleeps in the same process group
+//   --detached_grandchild         ...and one that leaves it (setsid), so only the launcher's
+//                                 subreaper clean-up can stop it
 //   --pid_dir D                   write D/<pid> files for this process (and the grandchild)
 //   --lines N                     print N numbered lines
 #include <signal.h>
@@ -29,7 +31,7 @@ void write_pid(const std::string& dir, pid_t pid) {
 int main(int argc, char** argv) {
   int fail_rank = -1, exit_code = 3, lines = 0, restart_below = -1;
   double sleep_s = 0, fail_after = 0;
-  bool ignore_term = false, grandchild = false;
+  bool ignore_term = false, grandchild = false, detached = false;
   std::string pid_dir;
   std::vector<std::string> args(argv + 1, argv + argc);
   for (size_t i = 0; i < args.size(); ++i) {
@@ -42,6 +44,7 @@ int main(int argc, char** argv) {
     else if (a == "--sleep") sleep_s = std::stod(next());
     else if (a == "--ignore_term") ignore_term = true;
     else if (a == "--grandchild") grandchild = true;
+    else if (a == "--detached_grandchild") detached = true;
     else if (a == "--pid_dir") pid_dir = next();
     else if (a == "--lines") lines = std::stoi(next());
   }
@@ -62,6 +65,14 @@ int main(int argc, char** argv) {
   if (grandchild) {
     const pid_t c = fork();
     if (c == 0) {
+      for (;;) pause();
+    }
+    write_pid(pid_dir, c);
+  }
+  if (detached) {
+    const pid_t c = fork();
+    if (c == 0) {
+      setsid();
       for (;;) pause();
     }
     write_pid(pid_dir, c);
