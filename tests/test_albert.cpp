@@ -17,6 +17,7 @@
 #include "common/config.h"
 #include "common/error.h"
 #include "helpers/hf_parity.h"
+#include "helpers/require.h"
 #include "models/albert.h"
 #include "models/hf_pretrained.h"
 #include "models/safetensors.h"
@@ -222,7 +223,7 @@ void expect_parity(const std::string& dir, AlbertForMaskedLM& model, const char*
 }
 
 TEST_F(AlbertTest, LogitsMatchPythonReference) {
-  if (!testing::python_torch_available()) GTEST_SKIP() << "/usr/bin/python3 with torch not available";
+  PT_SKIP_UNLESS(testing::python_imports("torch"), "/usr/bin/python3 with torch (Debian python3-torch)");
   auto model = random_model(tiny(true), 1);
   model->save_pretrained(sub("m"));
   expect_parity(sub("m"), model, "albert 4 layers / 2 groups + SOP");
@@ -243,7 +244,7 @@ TEST_F(AlbertTest, LogitsMatchPythonReference) {
 }
 
 TEST_F(AlbertTest, LogitsMatchWithInnerGroupsAndUntiedDecoder) {
-  if (!testing::python_torch_available()) GTEST_SKIP() << "/usr/bin/python3 with torch not available";
+  PT_SKIP_UNLESS(testing::python_imports("torch"), "/usr/bin/python3 with torch (Debian python3-torch)");
   auto cfg = tiny(false);
   cfg.num_hidden_layers = 3;
   cfg.num_hidden_groups = 1;

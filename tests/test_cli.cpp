@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "helpers/require.h"
 namespace fs = std::filesystem;
 
 namespace {
@@ -98,7 +99,7 @@ TEST(Cli, BadInputIsOneLineExitTwo) {
 }
 
 TEST(Cli, TrainsSavesAndResumesOnTheRealCorpus) {
-  if (!assets_present()) GTEST_SKIP() << "assets not fetched (scripts/fetch_assets.sh)";
+  PT_SKIP_UNLESS(assets_present(), "the BERT vocab in .cache/assets (scripts/fetch_assets.sh)");
   TempDir tmp;
   const std::string common = kBert + " --config " + kConfig + " --no_progress_bar --log_interval 10 --eval_interval 0 --experiments_dir " +
                              (tmp.path / "exp").string() + " --save_dir " + (tmp.path / "ckpt").string();
@@ -122,7 +123,7 @@ TEST(Cli, TrainsSavesAndResumesOnTheRealCorpus) {
 }
 
 TEST(Cli, InspectBatchesShowsMasking) {
-  if (!assets_present()) GTEST_SKIP() << "assets not fetched (scripts/fetch_assets.sh)";
+  PT_SKIP_UNLESS(assets_present(), "the BERT vocab in .cache/assets (scripts/fetch_assets.sh)");
   auto r = run(kBert + " --config " + kConfig + " --inspect_batches 2");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("=== batch 1 ==="), std::string::npos) << r.out;

@@ -20,6 +20,7 @@
 #include "data/sample_order.h"
 #include "data/text_dataset.h"
 #include "data/wordpiece.h"
+#include "helpers/require.h"
 
 namespace polytrain {
 namespace {
@@ -373,14 +374,12 @@ TEST(TokenBlockDataset, BuildsWithWordPieceTokenizer) {
 }
 
 TEST(TokenBlockDataset, RealCorpusIsFastAndMasksWholeWords) {
-  const char* env = std::getenv("POLYTRAIN_CACHE");
-  const std::string cache =
-      env && *env ? env : std::string(POLYTRAIN_SOURCE_DIR) + "/.cache/assets";
+  const std::string cache = testing::asset_cache();
   const std::vector<std::string> files{cache + "/corpus/mobydick.txt",
                                        cache + "/corpus/sherlock.txt"};
   const std::string vocab = cache + "/vocab/bert-base-uncased-vocab.txt";
   for (const auto& f : {files[0], files[1], vocab})
-    if (!std::ifstream(f)) GTEST_SKIP() << f << " is absent: run scripts/fetch_assets.sh";
+    PT_SKIP_UNLESS(std::ifstream(f), f << " (scripts/fetch_assets.sh)");
   const auto tok = WordPieceTokenizer::from_vocab_file(vocab);
   const auto t0 = std::chrono::steady_clock::now();
   const auto ds = TokenBlockDataset::build(files, tok, 128);

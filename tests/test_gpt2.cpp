@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "helpers/hf_parity.h"
+#include "helpers/require.h"
 #include "models/gpt2.h"
 #include "models/hf_pretrained.h"
 
@@ -63,7 +64,7 @@ at::Tensor logits(Gpt2LMHeadModel& m, const at::Tensor& ids, const at::Tensor& m
 }
 
 void expect_parity(bool tied) {
-  if (!testing::python_torch_available()) GTEST_SKIP() << "/usr/bin/python3 cannot import torch";
+  PT_SKIP_UNLESS(testing::python_imports("torch"), "/usr/bin/python3 with torch (Debian python3-torch)");
   TempDir dir;
   torch::manual_seed(1);
   Gpt2LMHeadModel model(tiny(tied));

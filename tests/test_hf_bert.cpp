@@ -14,6 +14,7 @@
 
 #include "common/error.h"
 #include "helpers/hf_parity.h"
+#include "helpers/require.h"
 #include "models/bert.h"
 #include "models/hf_pretrained.h"
 #include "models/safetensors.h"
@@ -87,7 +88,7 @@ class HfBertTest : public ::testing::TestWithParam<std::string> {
 };
 
 TEST_P(HfBertTest, LogitsMatchPythonReference) {
-  if (!testing::python_torch_available()) GTEST_SKIP() << "/usr/bin/python3 with torch not available";
+  PT_SKIP_UNLESS(testing::python_imports("torch"), "/usr/bin/python3 with torch (Debian python3-torch)");
   const auto cfg = tiny(GetParam());
   auto model = random_model(cfg, 1);
   model->save_pretrained(sub("m"));
@@ -173,7 +174,7 @@ TEST_P(HfBertTest, CheckpointWithHfExtrasLoads) {
 
 // hidden_act relu: BERT's head transform follows it, RoBERTa's lm_head applies gelu regardless.
 TEST_P(HfBertTest, HeadActivationMatchesHfWithReluHiddenAct) {
-  if (!testing::python_torch_available()) GTEST_SKIP() << "/usr/bin/python3 with torch not available";
+  PT_SKIP_UNLESS(testing::python_imports("torch"), "/usr/bin/python3 with torch (Debian python3-torch)");
   auto cfg = tiny(GetParam());
   cfg.hidden_act = "relu";
   auto model = random_model(cfg, 3);

@@ -12,6 +12,7 @@
 #include <torch/torch.h>
 
 #include "helpers/process.h"
+#include "helpers/require.h"
 #include "common/atomic_file.h"
 #include "common/error.h"
 #include "models/safetensors.h"
@@ -216,12 +217,6 @@ TEST_F(SafetensorsTest, CorruptFilesAreInputErrors) {
 
 int run(const std::string& cmd, std::string* out) { return polytrain::testing::run_command(cmd, out); }
 
-bool python_has_torch() {
-  std::string out;
-  return ::access("/usr/bin/python3", X_OK) == 0 &&
-         run("/usr/bin/python3 -c 'import torch' 2>/dev/null", &out) == 0;
-}
-
 // `read FILE` parses with json+struct only (checking padding, order, offsets) and prints
 // {name: {dtype, shape, values}}; `write FILE` writes the reference layout for a fixed set
 // of tensors built with torch.
@@ -310,7 +305,7 @@ void expect_matches_json(const NamedTensors& tensors, const nlohmann::json& j) {
 }
 
 TEST_F(SafetensorsTest, PythonReadsWhatWeWrite) {
-  if (!python_has_torch()) GTEST_SKIP() << "/usr/bin/python3 with torch not available";
+  PT_SKIP_UNLESS(testing::python_imports("torch"), "/usr/bin/python3 with torch (Debian python3-torch)");
   const auto tensors = sample_tensors();
   const std::string path = dir_ + "/for_python.safetensors";
   save_safetensors(path, tensors, {{"format", "pt"}});
@@ -318,7 +313,7 @@ TEST_F(SafetensorsTest, PythonReadsWhatWeWrite) {
 }
 
 TEST_F(SafetensorsTest, WeReadWhatPythonWritesAndRewriteItByteForByte) {
-  if (!python_has_torch()) GTEST_SKIP() << "/usr/bin/python3 with torch not available";
+  PT_SKIP_UNLESS(testing::python_imports("torch"), "/usr/bin/python3 with torch (Debian python3-torch)");
   const std::string path = dir_ + "/from_python.safetensors";
   const nlohmann::json expected = run_python(dir_, "write", path);
   std::map<std::string, std::string> meta;

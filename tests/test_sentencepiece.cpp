@@ -15,14 +15,12 @@
 
 #include "common/error.h"
 #include "data/sentencepiece_tokenizer.h"
+#include "helpers/require.h"
 
 namespace polytrain {
 namespace {
 
-std::string cache() {
-  const char* env = std::getenv("POLYTRAIN_CACHE");
-  return env && *env ? env : std::string(POLYTRAIN_SOURCE_DIR) + "/.cache/assets";
-}
+std::string cache() { return testing::asset_cache(); }
 std::string model_path() { return cache() + "/spm/corpus.model"; }
 
 std::string slurp(const std::string& path) {
@@ -87,8 +85,9 @@ const std::vector<std::string> kHardCases = {
 class Spm : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!SentencePieceTokenizer::available()) GTEST_SKIP() << "built without SentencePiece";
-    if (!std::ifstream(model_path())) GTEST_SKIP() << model_path() << " is absent: run scripts/fetch_assets.sh";
+    PT_SKIP_UNLESS(SentencePieceTokenizer::available(),
+                   "SentencePiece in this build (Debian libsentencepiece-dev, then re-run cmake)");
+    PT_SKIP_UNLESS(std::ifstream(model_path()), model_path() << " (scripts/fetch_assets.sh)");
     static const SentencePieceTokenizer tok = SentencePieceTokenizer::load(model_path(), 100, true);
     tok_ = &tok;
   }
@@ -153,8 +152,8 @@ TEST_F(Spm, DecodeInvertsEncode) {
 
 // The same model read by python3-sentencepiece (the library's own Python binding, run now).
 TEST_F(Spm, MatchesPythonSentencePieceOnTheCorpusAndHardCases) {
-  if (run("/usr/bin/python3 -c 'import sentencepiece' 2>/dev/null") != 0)
-    GTEST_SKIP() << "/usr/bin/python3 cannot import sentencepiece (Debian python3-sentencepiece)";
+  PT_SKIP_UNLESS(testing::python_imports("sentencepiece"),
+                 "/usr/bin/python3 with sentencepiece (Debian python3-sentencepiece)");
   std::vector<std::string> texts = kHardCases;
   for (const auto& l : corpus_lines("mobydick.txt", 300, 37)) texts.push_back(l);
   for (const auto& l : corpus_lines("sherlock.txt", 300, 23)) texts.push_back(l);
@@ -213,8 +212,8 @@ TEST(SpmFiles, BadModelFilesAreInputErrorsNamingTheFile) {
 }
 
 TEST_F(Spm, ModelWithoutT5IdsIsRefusedWhenT5IdsAreRequired) {
-  if (run("command -v spm_train > /dev/null") != 0) GTEST_SKIP() << "spm_train not installed";
   const std::string dir = ::testing::TempDir();
+  PT_SKIP_UNLESS(testing::have_command("spm_train"), "spm_train on PATH (Debian sentencepiece)");
   std::string text;
   for (const auto& l : corpus_lines("sherlock.txt", 2000, 1)) text += l + "\n";
   write_file(dir + "/spm_small.txt", text);
@@ -234,8 +233,8 @@ TEST_F(Spm, ModelWithoutT5IdsIsRefusedWhenT5IdsAreRequired) {
 
 TEST_F(Spm, TokenizeProgram) {
   const std::string bin = std::string(POLYTRAIN_BINARY_DIR) + "/tokenize";
-  if (!std::ifstream(bin)) GTEST_SKIP() << bin << " is not built";
   const std::string dir = ::testing::TempDir();
+  PT_SKIP_UNLESS(std::ifstream(bin), bin << " (built with the tests: cmake --build)");
   write_file(dir + "/spm_in.txt", "Call me Ishmael.\n\nthe whale\n");
   ASSERT_EQ(run(bin + " --type sentencepiece --model " + model_path() + " < " + dir + "/spm_in.txt > " + dir +
                 "/spm_out.txt"), 0);

@@ -14,6 +14,7 @@
 #include "common/config.h"
 #include "common/error.h"
 #include "helpers/hf_parity.h"
+#include "helpers/require.h"
 #include "models/safetensors.h"
 #include "models/t5.h"
 #include "trainer/autocast.h"
@@ -78,7 +79,7 @@ at::Tensor logits_of(T5ForConditionalGeneration& m, const Inputs& in) {
 }
 
 void check_parity(const T5Config& cfg, const char* label) {
-  if (!testing::python_torch_available()) GTEST_SKIP() << "/usr/bin/python3 with torch is not available";
+  PT_SKIP_UNLESS(testing::python_imports("torch"), "/usr/bin/python3 with torch (Debian python3-torch)");
   torch::manual_seed(3);
   T5ForConditionalGeneration model(cfg);
   TempDir dir;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "helpers/process.h"
+#include "helpers/require.h"
 #include "common/atomic_file.h"
 #include "common/crc32c.h"
 #include "common/error.h"
@@ -233,7 +234,7 @@ void check_with_python(const std::string& dir, const std::string& decoder,
   std::string out;
   const int rc = run("/usr/bin/python3 " + script + " --decoder=" + decoder + " '" + path + "'",
                      &out);
-  if (rc == 3) GTEST_SKIP() << "python3-protobuf is not installed";
+  PT_SKIP_UNLESS(rc != 3, "the protobuf library for /usr/bin/python3 (Debian python3-protobuf)");
   ASSERT_EQ(rc, 0) << out;
   std::vector<nlohmann::json> lines;
   size_t start = 0;
@@ -250,15 +251,13 @@ void check_with_python(const std::string& dir, const std::string& decoder,
   }
 }
 
-bool have_python() { return ::access("/usr/bin/python3", X_OK) == 0; }
-
 TEST_F(TensorBoardTest, IndependentPythonReaderMinimalDecoder) {
-  if (!have_python()) GTEST_SKIP() << "/usr/bin/python3 not found";
+  PT_SKIP_UNLESS(::access("/usr/bin/python3", X_OK) == 0, "/usr/bin/python3 (Debian python3)");
   check_with_python(dir_, "minimal", write_sample(dir_));
 }
 
 TEST_F(TensorBoardTest, IndependentPythonReaderProtobufLibrary) {
-  if (!have_python()) GTEST_SKIP() << "/usr/bin/python3 not found";
+  PT_SKIP_UNLESS(::access("/usr/bin/python3", X_OK) == 0, "/usr/bin/python3 (Debian python3)");
   check_with_python(dir_, "protobuf", write_sample(dir_));
 }
 

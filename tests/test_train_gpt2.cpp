@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "helpers/program.h"
+#include "helpers/require.h"
 
 namespace fs = std::filesystem;
 using polytrain::testing::expect_one_line_error;
@@ -29,7 +30,7 @@ std::vector<double> eval_losses(const std::string& out) { return polytrain::test
 }  // namespace
 
 TEST(TrainGpt2, LossFallsOnTheCorpusAndTheHfDirectoryLoadsBack) {
-  if (!assets_present()) GTEST_SKIP() << "assets not fetched (scripts/fetch_assets.sh)";
+  PT_SKIP_UNLESS(assets_present(), "the GPT-2 BPE files in .cache/assets (scripts/fetch_assets.sh)");
   TempDir tmp;
   // configs/gpt2_tiny.json made smaller (one layer, 64-token blocks) to keep the test short.
   std::ofstream(tmp.path / "c.json") << R"({

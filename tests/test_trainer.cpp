@@ -197,7 +197,7 @@ TEST(Trainer, Fp16NeedsCuda) {
 // fp16 on a GPU: an injected overflow skips the step and lowers the dynamic scale (hysteresis
 // 1), the other steps train, the parameters stay finite fp32.
 TEST(Trainer, Fp16OverflowSkipsTheStepAndLowersTheScaleOnCuda) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs CUDA (no GPU visible)";
   TempDir tmp;
   auto cfg = tiny_config(tmp.path, 0.0);
   cfg.trainer.pytorch_device = "cuda";

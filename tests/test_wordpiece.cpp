@@ -14,14 +14,10 @@
 
 #include "common/error.h"
 #include "data/wordpiece.h"
+#include "helpers/require.h"
 
 namespace polytrain {
 namespace {
-
-std::string asset_cache() {
-  const char* env = std::getenv("POLYTRAIN_CACHE");
-  return env && *env ? env : std::string(POLYTRAIN_SOURCE_DIR) + "/.cache/assets";
-}
 
 std::vector<std::string> read_lines(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -42,8 +38,8 @@ void write_file(const std::string& path, const std::string& text) {
 }
 
 TEST(WordPieceReference, MatchesHuggingFaceOnEveryCase) {
-  const std::string vocab = asset_cache() + "/vocab/bert-base-uncased-vocab.txt";
-  if (!std::ifstream(vocab)) GTEST_SKIP() << vocab << " is absent: run scripts/fetch_assets.sh";
+  const std::string vocab = testing::asset_cache() + "/vocab/bert-base-uncased-vocab.txt";
+  PT_SKIP_UNLESS(std::ifstream(vocab), vocab << " (scripts/fetch_assets.sh)");
   const auto tok = WordPieceTokenizer::from_vocab_file(vocab);
   ASSERT_EQ(tok.vocab_size(), 30522);
   EXPECT_EQ(tok.pad_id(), 0);
@@ -175,8 +171,8 @@ int run(const std::string& command) {
 
 TEST(TokenizeProgram, PrintsIdsPerLineAndFailsCleanly) {
   const std::string bin = std::string(POLYTRAIN_BINARY_DIR) + "/tokenize";
-  if (!std::ifstream(bin)) GTEST_SKIP() << bin << " is not built";
   const std::string dir = ::testing::TempDir();
+  PT_SKIP_UNLESS(std::ifstream(bin), bin << " (built with the tests: cmake --build)");
   std::string vocab_text;
   for (const auto& t : kTinyVocab) vocab_text += t + "\n";
   write_file(dir + "/tok_vocab.txt", vocab_text);
