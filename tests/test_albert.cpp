@@ -18,6 +18,7 @@
 #include "common/error.h"
 #include "helpers/hf_parity.h"
 #include "helpers/require.h"
+#include "helpers/temp_dir.h"
 #include "models/albert.h"
 #include "models/hf_pretrained.h"
 #include "models/safetensors.h"
@@ -80,14 +81,9 @@ AlbertOutput run(AlbertForMaskedLM m, const NamedTensors& in) {
 
 class AlbertTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/pt_albert_XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
   std::string sub(const std::string& name) const { return (fs::path(dir_) / name).string(); }
-  std::string dir_;
+  testing::TempDir tmp_{"pt_albert"};
+  const std::string dir_ = tmp_.str();
 };
 
 // ---- config ---------------------------------------------------------------------------------------

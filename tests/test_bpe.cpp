@@ -16,7 +16,9 @@
 
 #include "common/error.h"
 #include "data/gpt2_bpe.h"
+#include "helpers/process.h"
 #include "helpers/require.h"
+#include "helpers/temp_dir.h"
 
 namespace polytrain {
 namespace {
@@ -46,10 +48,7 @@ std::string slurp(const std::string& path) {
 
 void write_file(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
 
-int run(const std::string& command) {
-  const int status = std::system(command.c_str());
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+int run(const std::string& command) { return testing::run_status(command); }
 
 // Every k-th non-empty line of a corpus file, up to n lines, without its line end.
 std::vector<std::string> corpus_lines(const std::string& file, size_t n, size_t k) {
@@ -132,7 +131,8 @@ TEST_F(Bpe, MatchesGpt3EncoderAndTiktokenOnTheCorpusAndHardCases) {
     texts.push_back(book.substr(off, 3000));
   ASSERT_GE(texts.size(), 500u);
 
-  const std::string dir = ::testing::TempDir();
+  const testing::TempDir tmp;
+  const std::string dir = tmp.str();
   write_file(dir + "/bpe_texts.json", nlohmann::json(texts).dump());
   ASSERT_EQ(run("node " POLYTRAIN_SOURCE_DIR "/tests/bpe_reference.js " + modules + " " + dir +
                 "/bpe_texts.json > " + dir + "/bpe_ref.json"), 0);
@@ -148,8 +148,9 @@ TEST_F(Bpe, MatchesGpt3EncoderAndTiktokenOnTheCorpusAndHardCases) {
 }
 
 TEST(BpeFiles, MalformedFilesAreInputErrorsNamingTheFile) {
-  const std::string dir = ::testing::TempDir();
   PT_SKIP_UNLESS(Gpt2BpeTokenizer::available(), "PCRE2 in this build (Debian libpcre2-dev, then re-run cmake)");
+  const testing::TempDir tmp;
+  const std::string dir = tmp.str();
   const auto expect_error = [](const std::string& enc, const std::string& merges, const std::string& what) {
     try {
       Gpt2BpeTokenizer::from_files(enc, merges);
@@ -190,7 +191,8 @@ TEST(BpeFiles, MalformedFilesAreInputErrorsNamingTheFile) {
 
 TEST_F(Bpe, TokenizeProgram) {
   const std::string bin = std::string(POLYTRAIN_BINARY_DIR) + "/tokenize";
-  const std::string dir = ::testing::TempDir();
+  const testing::TempDir tmp;
+  const std::string dir = tmp.str();
   write_file(dir + "/bpe_in.txt", "Hello world\n\nhello world\n");
   ASSERT_EQ(run(bin + " --type bpe --vocab " + encoder_json() + " --merges " + merges_bpe() + " < " + dir +
                 "/bpe_in.txt > " + dir + "/bpe_out.txt"), 0);

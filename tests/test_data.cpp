@@ -21,6 +21,7 @@
 #include "data/text_dataset.h"
 #include "data/wordpiece.h"
 #include "helpers/require.h"
+#include "helpers/temp_dir.h"
 
 namespace polytrain {
 namespace {
@@ -291,23 +292,7 @@ TEST(MlmCollator, RejectsBadConfig) {
 
 // ---- TokenBlockDataset -------------------------------------------------------------------
 
-class TempDir {
- public:
-  TempDir() : path_(std::filesystem::temp_directory_path() /
-                    ("polytrain_test_data_" + std::to_string(::getpid()))) {
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() { std::error_code ec; std::filesystem::remove_all(path_, ec); }
-  std::string write(const std::string& name, const std::string& text) const {
-    const auto p = (path_ / name).string();
-    std::ofstream(p, std::ios::binary) << text;
-    return p;
-  }
-  std::string path(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  std::filesystem::path path_;
-};
+using testing::TempDir;
 
 TEST(TokenBlockDataset, PacksBlocksAndDropsTail) {
   std::vector<int64_t> stream;
@@ -340,7 +325,7 @@ TEST(TokenBlockDataset, SplitsParagraphsAndJoinsLines) {
 TEST(TokenBlockDataset, InputErrorNamesTheFile) {
   TempDir dir;
   auto encode = [](const std::string&) { return std::vector<int64_t>{7, 7, 7}; };
-  const std::string missing = dir.path("no_such_file.txt");
+  const std::string missing = dir.str("no_such_file.txt");
   try {
     TokenBlockDataset::build({missing}, encode, 2, 3, 8);
     FAIL() << "no InputError";
@@ -370,7 +355,7 @@ TEST(TokenBlockDataset, BuildsWithWordPieceTokenizer) {
   EXPECT_EQ(tok.decode(ds.sample(0)), "[CLS] the white whale [SEP]");
   EXPECT_EQ(tok.decode(ds.sample(1)), "[CLS] . moby dick [SEP]");
   EXPECT_EQ(tok.decode(ds.sample(2)), "[CLS] , the whale [SEP]");
-  EXPECT_THROW(TokenBlockDataset::build({f, dir.path("gone.txt")}, tok, 5), InputError);
+  EXPECT_THROW(TokenBlockDataset::build({f, dir.str("gone.txt")}, tok, 5), InputError);
 }
 
 TEST(TokenBlockDataset, RealCorpusIsFastAndMasksWholeWords) {

@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "helpers/hf_parity.h"
 #include "helpers/require.h"
+#include "helpers/temp_dir.h"
 #include "models/gpt2.h"
 #include "models/hf_pretrained.h"
 
@@ -20,19 +21,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("pt_gpt2_" + std::to_string(::getpid()) + "_" +
-                                        std::to_string(reinterpret_cast<uintptr_t>(this)));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string str(const std::string& sub = "") const { return (sub.empty() ? path : path / sub).string(); }
-};
+using testing::TempDir;
 
 Gpt2Config tiny(bool tied = true, double dropout = 0.0) {
   Gpt2Config c;

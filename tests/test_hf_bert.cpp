@@ -15,6 +15,7 @@
 #include "common/error.h"
 #include "helpers/hf_parity.h"
 #include "helpers/require.h"
+#include "helpers/temp_dir.h"
 #include "models/bert.h"
 #include "models/hf_pretrained.h"
 #include "models/safetensors.h"
@@ -77,14 +78,9 @@ at::Tensor logits_of(BertForMaskedLM m, const NamedTensors& in) {
 
 class HfBertTest : public ::testing::TestWithParam<std::string> {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/pt_hfbert_XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
   std::string sub(const std::string& name) const { return (fs::path(dir_) / name).string(); }
-  std::string dir_;
+  testing::TempDir tmp_{"pt_hfbert"};
+  const std::string dir_ = tmp_.str();
 };
 
 TEST_P(HfBertTest, LogitsMatchPythonReference) {

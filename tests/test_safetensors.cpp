@@ -13,6 +13,7 @@
 
 #include "helpers/process.h"
 #include "helpers/require.h"
+#include "helpers/temp_dir.h"
 #include "common/atomic_file.h"
 #include "common/error.h"
 #include "models/safetensors.h"
@@ -24,13 +25,6 @@ namespace fs = std::filesystem;
 
 class SafetensorsTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/pt_st_XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   // Builds a file from a header text (padded to 8) and data bytes.
   std::string write_raw(const std::string& name, const std::string& header,
                         const std::string& data, int64_t size_override = -1) {
@@ -55,7 +49,8 @@ class SafetensorsTest : public ::testing::Test {
     }
   }
 
-  std::string dir_;
+  testing::TempDir tmp_{"pt_st"};
+  const std::string dir_ = tmp_.str();
 };
 
 NamedTensors sample_tensors() {

@@ -15,7 +15,9 @@
 
 #include "common/error.h"
 #include "data/sentencepiece_tokenizer.h"
+#include "helpers/process.h"
 #include "helpers/require.h"
+#include "helpers/temp_dir.h"
 
 namespace polytrain {
 namespace {
@@ -30,10 +32,7 @@ std::string slurp(const std::string& path) {
   return s.str();
 }
 void write_file(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
-int run(const std::string& command) {
-  const int status = std::system(command.c_str());
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+int run(const std::string& command) { return testing::run_status(command); }
 
 // Every k-th non-empty line of a corpus file, up to n lines, without its line end.
 std::vector<std::string> corpus_lines(const std::string& file, size_t n, size_t k) {
@@ -158,7 +157,8 @@ TEST_F(Spm, MatchesPythonSentencePieceOnTheCorpusAndHardCases) {
   for (const auto& l : corpus_lines("mobydick.txt", 300, 37)) texts.push_back(l);
   for (const auto& l : corpus_lines("sherlock.txt", 300, 23)) texts.push_back(l);
   ASSERT_GE(texts.size(), 500u);
-  const std::string dir = ::testing::TempDir();
+  const testing::TempDir tmp;
+  const std::string dir = tmp.str();
   std::string joined;
   for (const auto& t : texts) joined += t + "\n";
   write_file(dir + "/spm_texts.txt", joined);
@@ -190,7 +190,8 @@ TEST_F(Spm, MatchesPythonSentencePieceOnTheCorpusAndHardCases) {
 }
 
 TEST(SpmFiles, BadModelFilesAreInputErrorsNamingTheFile) {
-  const std::string dir = ::testing::TempDir();
+  const testing::TempDir tmp;
+  const std::string dir = tmp.str();
   const auto expect_error = [](const std::string& path, const std::string& what) {
     try {
       SentencePieceTokenizer::load(path);
@@ -212,8 +213,9 @@ TEST(SpmFiles, BadModelFilesAreInputErrorsNamingTheFile) {
 }
 
 TEST_F(Spm, ModelWithoutT5IdsIsRefusedWhenT5IdsAreRequired) {
-  const std::string dir = ::testing::TempDir();
   PT_SKIP_UNLESS(testing::have_command("spm_train"), "spm_train on PATH (Debian sentencepiece)");
+  const testing::TempDir tmp;
+  const std::string dir = tmp.str();
   std::string text;
   for (const auto& l : corpus_lines("sherlock.txt", 2000, 1)) text += l + "\n";
   write_file(dir + "/spm_small.txt", text);
@@ -233,8 +235,9 @@ TEST_F(Spm, ModelWithoutT5IdsIsRefusedWhenT5IdsAreRequired) {
 
 TEST_F(Spm, TokenizeProgram) {
   const std::string bin = std::string(POLYTRAIN_BINARY_DIR) + "/tokenize";
-  const std::string dir = ::testing::TempDir();
   PT_SKIP_UNLESS(std::ifstream(bin), bin << " (built with the tests: cmake --build)");
+  const testing::TempDir tmp;
+  const std::string dir = tmp.str();
   write_file(dir + "/spm_in.txt", "Call me Ishmael.\n\nthe whale\n");
   ASSERT_EQ(run(bin + " --type sentencepiece --model " + model_path() + " < " + dir + "/spm_in.txt > " + dir +
                 "/spm_out.txt"), 0);

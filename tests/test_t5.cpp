@@ -15,6 +15,7 @@
 #include "common/error.h"
 #include "helpers/hf_parity.h"
 #include "helpers/require.h"
+#include "helpers/temp_dir.h"
 #include "models/safetensors.h"
 #include "models/t5.h"
 #include "trainer/autocast.h"
@@ -41,19 +42,7 @@ T5Config tiny_v11(double dropout = 0.0) {
   return c;
 }
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "pt_t5_XXXXXX").string();
-    EXPECT_NE(::mkdtemp(tmpl.data()), nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string str() const { return path.string(); }
-};
+using testing::TempDir;
 
 // Padded batch: row 1 right-padded, row 2 left-padded (T5 allows either: positions are relative).
 struct Inputs {

@@ -18,6 +18,7 @@
 
 #include "helpers/process.h"
 #include "helpers/require.h"
+#include "helpers/temp_dir.h"
 #include "common/atomic_file.h"
 #include "common/crc32c.h"
 #include "common/error.h"
@@ -127,13 +128,6 @@ std::vector<Event> read_events(const std::string& path) {
 
 class TensorBoardTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/pt_tb_XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   // Writes a fixed set of scalars; returns the event file path.
   std::string write_sample(const std::string& log_dir) {
     TensorBoardWriter w(log_dir);
@@ -147,7 +141,8 @@ class TensorBoardTest : public ::testing::Test {
     return w.path();
   }
 
-  std::string dir_;
+  testing::TempDir tmp_{"pt_tb"};
+  const std::string dir_ = tmp_.str();
 };
 
 const std::vector<std::tuple<std::string, float, int64_t>> kExpected = {

@@ -7,6 +7,7 @@
 
 #include "helpers/program.h"
 #include "helpers/require.h"
+#include "helpers/temp_dir.h"
 
 namespace fs = std::filesystem;
 using polytrain::testing::expect_one_line_error;
@@ -21,9 +22,7 @@ bool assets_present() {
   return fs::exists(fs::path(POLYTRAIN_SOURCE_DIR) / ".cache/assets/gpt2/encoder.json");
 }
 
-struct TempDir : polytrain::testing::ScratchDir {
-  TempDir() : ScratchDir("pt_tgpt2") {}
-};
+using polytrain::testing::TempDir;
 
 std::vector<double> eval_losses(const std::string& out) { return polytrain::testing::numbers_after(out, "eval_loss"); }
 

@@ -9,6 +9,7 @@
 #include "data/sentencepiece_tokenizer.h"
 #include "helpers/program.h"
 #include "helpers/require.h"
+#include "helpers/temp_dir.h"
 
 namespace fs = std::filesystem;
 using polytrain::testing::expect_one_line_error;
@@ -26,9 +27,7 @@ bool assets_present() {
          fs::exists(fs::path(POLYTRAIN_SOURCE_DIR) / ".cache/assets/corpus/sherlock.txt");
 }
 
-struct TempDir : polytrain::testing::ScratchDir {
-  TempDir() : ScratchDir("pt_tt5") {}
-};
+using polytrain::testing::TempDir;
 
 }  // namespace
 

@@ -12,6 +12,7 @@
 #include <torch/torch.h>
 
 #include "common/error.h"
+#include "helpers/temp_dir.h"
 #include "models/bert.h"
 #include "trainer/checkpoint.h"
 #include "trainer/trainer.h"
@@ -68,16 +69,7 @@ class TestTrainer : public Trainer {
   }
 };
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("pt_trainer_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { std::error_code ec; fs::remove_all(path, ec); }
-  static int& counter() { static int c = 0; return c; }
-};
+using polytrain::testing::TempDir;
 
 Config tiny_config(const fs::path& root, double dropout = 0.1) {
   Config cfg;

@@ -14,7 +14,9 @@
 
 #include "common/error.h"
 #include "data/wordpiece.h"
+#include "helpers/process.h"
 #include "helpers/require.h"
+#include "helpers/temp_dir.h"
 
 namespace polytrain {
 namespace {
@@ -143,7 +145,8 @@ TEST(WordPieceTiny, BadVocabs) {
   EXPECT_THROW(WordPieceTokenizer({"[UNK]", "a", "a"}), InputError);
   EXPECT_THROW(WordPieceTokenizer({"[UNK]"}).encode("a", true), InputError);  // no [CLS]/[SEP]
 
-  const std::string dir = ::testing::TempDir();
+  const testing::TempDir tmp;
+  const std::string dir = tmp.str();
   auto message = [](const std::string& path) {
     try {
       WordPieceTokenizer::from_vocab_file(path);
@@ -164,15 +167,13 @@ TEST(WordPieceTiny, BadVocabs) {
 }
 
 // Runs a shell command; returns its exit code.
-int run(const std::string& command) {
-  const int status = std::system(command.c_str());
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+int run(const std::string& command) { return testing::run_status(command); }
 
 TEST(TokenizeProgram, PrintsIdsPerLineAndFailsCleanly) {
   const std::string bin = std::string(POLYTRAIN_BINARY_DIR) + "/tokenize";
-  const std::string dir = ::testing::TempDir();
   PT_SKIP_UNLESS(std::ifstream(bin), bin << " (built with the tests: cmake --build)");
+  const testing::TempDir tmp;
+  const std::string dir = tmp.str();
   std::string vocab_text;
   for (const auto& t : kTinyVocab) vocab_text += t + "\n";
   write_file(dir + "/tok_vocab.txt", vocab_text);
