@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Installs what a fresh Debian 12 machine lacks, fetches the assets and builds polytrain.
+# Installs what a fresh Debian 12 machine lacks, fetches the assets and builds polytrain: all
+# the whole test suite needs, so that under POLYTRAIN_REQUIRE_ALL=1 (scripts/test.sh) only the
+# tests that need a GPU skip.
 # Idempotent: packages already installed and assets already verified are skipped.
 # Env: BUILD_DIR (default build), BUILD_TYPE (default Release), POLYTRAIN_SKIP_APT=1 to skip apt.
 set -euo pipefail
@@ -14,6 +16,8 @@ PACKAGES=(
   libpcre2-dev                          # GPT-2 BPE pre-tokenization (Unicode regex)
   libsentencepiece-dev sentencepiece    # SentencePiece tokenizer (T5/ALBERT): library + spm_train
   python3-torch                         # the PyTorch reference the HF-weights parity tests compare against
+  python3-protobuf                      # the TensorBoard test's second, independent event-file reader
+  python3-sentencepiece                 # the SentencePiece test's reference (the library's Python binding)
   openmpi-bin libopenmpi-dev            # the openmpi launcher and MPI communicator
   libgloo-dev                           # headers of the Gloo inside libtorch (c10d ProcessGroupGloo)
   openssh-server                        # the two-host launcher test runs a loopback sshd

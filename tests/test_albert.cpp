@@ -20,6 +20,8 @@
 #include "polytrain/models/albert.h"
 #include "polytrain/models/hf_pretrained.h"
 #include "polytrain/models/safetensors.h"
+#include "helpers/require.h"
+#include "helpers/temp_dir.h"
 
 namespace polytrain {
 namespace {
@@ -79,14 +81,9 @@ AlbertOutput run(AlbertForMaskedLM m, const NamedTensors& in) {
 
 class AlbertTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/pt_albert_XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
   std::string sub(const std::string& name) const { return (fs::path(dir_) / name).string(); }
-  std::string dir_;
+  testing::TempDir tmp_{"pt_albert"};
+  const std::string dir_ = tmp_.str();
 };
 
 // ---- config ---------------------------------------------------------------------------------------
@@ -222,7 +219,7 @@ void expect_parity(const std::string& dir, AlbertForMaskedLM& model, const char*
 }
 
 TEST_F(AlbertTest, LogitsMatchPythonReference) {
-  if (!testing::python_torch_available()) GTEST_SKIP() << "/usr/bin/python3 with torch not available";
+  PT_SKIP_UNLESS(testing::python_imports("torch"), "/usr/bin/python3 with torch (Debian python3-torch)");
   auto model = random_model(tiny(true), 1);
   model->save_pretrained(sub("m"));
   expect_parity(sub("m"), model, "albert 4 layers / 2 groups + SOP");
@@ -243,7 +240,7 @@ TEST_F(AlbertTest, LogitsMatchPythonReference) {
 }
 
 TEST_F(AlbertTest, LogitsMatchWithInnerGroupsAndUntiedDecoder) {
-  if (!testing::python_torch_available()) GTEST_SKIP() << "/usr/bin/python3 with torch not available";
+  PT_SKIP_UNLESS(testing::python_imports("torch"), "/usr/bin/python3 with torch (Debian python3-torch)");
   auto cfg = tiny(false);
   cfg.num_hidden_layers = 3;
   cfg.num_hidden_groups = 1;

@@ -12,6 +12,7 @@
 
 #include "polytrain/common/atomic_file.h"
 #include "polytrain/common/error.h"
+#include "helpers/temp_dir.h"
 
 namespace polytrain {
 namespace {
@@ -20,13 +21,6 @@ namespace fs = std::filesystem;
 
 class AtomicFileTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/pt_atomic_XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   // Files in dir_ other than the named ones (e.g. a leftover temp file).
   int entries() const {
     int n = 0;
@@ -34,7 +28,8 @@ class AtomicFileTest : public ::testing::Test {
     return n;
   }
 
-  std::string dir_;
+  testing::TempDir tmp_{"pt_atomic"};
+  const std::string dir_ = tmp_.str();
 };
 
 TEST_F(AtomicFileTest, WritesAndReplacesContent) {
@@ -138,14 +133,12 @@ TEST(ParentDir, Cases) {
 }
 
 TEST(AtomicFileRelative, BareFileNameUsesCurrentDirectory) {
-  char tmpl[] = "/tmp/pt_atomic_cwd_XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  testing::TempDir tmp{"pt_atomic_cwd"};
   const fs::path old = fs::current_path();
-  fs::current_path(tmpl);
+  fs::current_path(tmp.path);
   atomic_write_file("plain.txt", std::string("here"));
   EXPECT_EQ(read_file("plain.txt"), "here");
   fs::current_path(old);
-  fs::remove_all(tmpl);
 }
 
 }  // namespace

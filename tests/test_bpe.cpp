@@ -16,23 +16,23 @@
 
 #include "polytrain/common/error.h"
 #include "polytrain/data/gpt2_bpe.h"
+#include "helpers/process.h"
+#include "helpers/require.h"
+#include "helpers/temp_dir.h"
 
 namespace polytrain {
 namespace {
 
-std::string cache() {
-  const char* env = std::getenv("POLYTRAIN_CACHE");
-  return env && *env ? env : std::string(POLYTRAIN_SOURCE_DIR) + "/.cache/assets";
-}
+std::string cache() { return testing::asset_cache(); }
 std::string encoder_json() { return cache() + "/gpt2/encoder.json"; }
 std::string merges_bpe() { return cache() + "/gpt2/vocab.bpe"; }
 
 class Bpe : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!Gpt2BpeTokenizer::available()) GTEST_SKIP() << "built without PCRE2";
-    if (!std::ifstream(encoder_json()) || !std::ifstream(merges_bpe()))
-      GTEST_SKIP() << "GPT-2 files not fetched (scripts/fetch_assets.sh)";
+    PT_SKIP_UNLESS(Gpt2BpeTokenizer::available(), "PCRE2 in this build (Debian libpcre2-dev, then re-run cmake)");
+    PT_SKIP_UNLESS(std::ifstream(encoder_json()) && std::ifstream(merges_bpe()),
+                   encoder_json() << " and " << merges_bpe() << " (scripts/fetch_assets.sh)");
     static const Gpt2BpeTokenizer tok = Gpt2BpeTokenizer::from_files(encoder_json(), merges_bpe());
     tok_ = &tok;
   }
@@ -48,10 +48,7 @@ std::string slurp(const std::string& path) {
 
 void write_file(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
 
-int run(const std::string& command) {
-  const int status = std::system(command.c_str());
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+int run(const std::string& command) { return testing::run_status(command); }
 
 // Every k-th non-empty line of a corpus file, up to n lines, without its line end.
 std::vector<std::string> corpus_lines(const std::string& file, size_t n, size_t k) {
@@ -122,8 +119,9 @@ TEST_F(Bpe, DecodeInvertsEncode) {
 // The ids of npm gpt-3-encoder and js-tiktoken ("gpt2"), computed now by node.
 TEST_F(Bpe, MatchesGpt3EncoderAndTiktokenOnTheCorpusAndHardCases) {
   const std::string modules = cache() + "/npm/node_modules";
-  if (run("command -v node > /dev/null") != 0 || !std::ifstream(modules + "/js-tiktoken/package.json"))
-    GTEST_SKIP() << "node or the npm reference encoders are missing (scripts/fetch_assets.sh)";
+  PT_SKIP_UNLESS(testing::have_command("node"), "node on PATH (Debian nodejs)");
+  PT_SKIP_UNLESS(std::ifstream(modules + "/js-tiktoken/package.json"),
+                 "the npm reference encoders in " << modules << " (scripts/fetch_assets.sh)");
   std::vector<std::string> texts = kHardCases;
   for (const auto& l : corpus_lines("mobydick.txt", 250, 37)) texts.push_back(l);
   for (const auto& l : corpus_lines("sherlock.txt", 250, 23)) texts.push_back(l);
@@ -133,7 +131,8 @@ TEST_F(Bpe, MatchesGpt3EncoderAndTiktokenOnTheCorpusAndHardCases) {
     texts.push_back(book.substr(off, 3000));
   ASSERT_GE(texts.size(), 500u);
 
-  const std::string dir = ::testing::TempDir();
+  const testing::TempDir tmp;
+  const std::string dir = tmp.str();
   write_file(dir + "/bpe_texts.json", nlohmann::json(texts).dump());
   ASSERT_EQ(run("node " POLYTRAIN_SOURCE_DIR "/tests/bpe_reference.js " + modules + " " + dir +
                 "/bpe_texts.json > " + dir + "/bpe_ref.json"), 0);
@@ -149,8 +148,9 @@ TEST_F(Bpe, MatchesGpt3EncoderAndTiktokenOnTheCorpusAndHardCases) {
 }
 
 TEST(BpeFiles, MalformedFilesAreInputErrorsNamingTheFile) {
-  if (!Gpt2BpeTokenizer::available()) GTEST_SKIP() << "built without PCRE2";
-  const std::string dir = ::testing::TempDir();
+  PT_SKIP_UNLESS(Gpt2BpeTokenizer::available(), "PCRE2 in this build (Debian libpcre2-dev, then re-run cmake)");
+  const testing::TempDir tmp;
+  const std::string dir = tmp.str();
   const auto expect_error = [](const std::string& enc, const std::string& merges, const std::string& what) {
     try {
       Gpt2BpeTokenizer::from_files(enc, merges);
@@ -191,7 +191,8 @@ TEST(BpeFiles, MalformedFilesAreInputErrorsNamingTheFile) {
 
 TEST_F(Bpe, TokenizeProgram) {
   const std::string bin = std::string(POLYTRAIN_BINARY_DIR) + "/tokenize";
-  const std::string dir = ::testing::TempDir();
+  const testing::TempDir tmp;
+  const std::string dir = tmp.str();
   write_file(dir + "/bpe_in.txt", "Hello world\n\nhello world\n");
   ASSERT_EQ(run(bin + " --type bpe --vocab " + encoder_json() + " --merges " + merges_bpe() + " < " + dir +
                 "/bpe_in.txt > " + dir + "/bpe_out.txt"), 0);

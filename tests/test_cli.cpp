@@ -11,24 +11,24 @@
 
 #include <nlohmann/json.hpp>
 
+#include "helpers/program.h"
+#include "helpers/require.h"
+#include "helpers/temp_dir.h"
+
 namespace fs = std::filesystem;
 
 namespace {
 
+// A type of this file's own, so that its stricter expect_one_line_error below (no "terminate
+// called" either) is the one calls find, not program.h's through argument-dependent lookup.
 struct Run {
   int code;
   std::string out;  // stdout + stderr
 };
 
 Run run(const std::string& cmd) {
-  std::string full = "cd " POLYTRAIN_SOURCE_DIR " && " + cmd + " 2>&1";
-  FILE* p = ::popen(full.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  int status = ::pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  auto r = polytrain::testing::run_program(cmd);
+  return {r.code, std::move(r.out)};
 }
 
 const std::string kBert = POLYTRAIN_BINARY_DIR "/train_bert";
@@ -38,19 +38,7 @@ bool assets_present() {
   return fs::exists(fs::path(POLYTRAIN_SOURCE_DIR) / ".cache/assets/vocab/bert-base-uncased-vocab.txt");
 }
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("pt_cli_" + std::to_string(::getpid()) + "_" + std::to_string(n()++));
-    fs::create_directories(path);
-  }
-  ~TempDir() { std::error_code ec; fs::remove_all(path, ec); }
-  static int& n() { static int c = 0; return c; }
-  std::string write(const std::string& name, const std::string& text) const {
-    std::ofstream(path / name) << text;
-    return (path / name).string();
-  }
-};
+using polytrain::testing::TempDir;
 
 // Exactly one line, starting with "error: " and containing `needle`.
 void expect_one_line_error(const Run& r, const std::string& needle) {
@@ -98,7 +86,7 @@ TEST(Cli, BadInputIsOneLineExitTwo) {
 }
 
 TEST(Cli, TrainsSavesAndResumesOnTheRealCorpus) {
-  if (!assets_present()) GTEST_SKIP() << "assets not fetched (scripts/fetch_assets.sh)";
+  PT_SKIP_UNLESS(assets_present(), "the BERT vocab in .cache/assets (scripts/fetch_assets.sh)");
   TempDir tmp;
   const std::string common = kBert + " --config " + kConfig + " --no_progress_bar --log_interval 10 --eval_interval 0 --experiments_dir " +
                              (tmp.path / "exp").string() + " --save_dir " + (tmp.path / "ckpt").string();
@@ -122,7 +110,7 @@ TEST(Cli, TrainsSavesAndResumesOnTheRealCorpus) {
 }
 
 TEST(Cli, InspectBatchesShowsMasking) {
-  if (!assets_present()) GTEST_SKIP() << "assets not fetched (scripts/fetch_assets.sh)";
+  PT_SKIP_UNLESS(assets_present(), "the BERT vocab in .cache/assets (scripts/fetch_assets.sh)");
   auto r = run(kBert + " --config " + kConfig + " --inspect_batches 2");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("=== batch 1 ==="), std::string::npos) << r.out;

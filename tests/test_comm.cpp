@@ -12,6 +12,7 @@
 #include "helpers/collective_suite.h"
 #include "polytrain/parallel/comm/gloo_communicator.h"
 #include "helpers/free_port.h"
+#include "helpers/require.h"
 
 using namespace polytrain;
 
@@ -35,7 +36,7 @@ void on_ranks(int world, F body) {
 class GlooSuite : public ::testing::TestWithParam<int> {};
 
 TEST_P(GlooSuite, AllCollectives) {
-  if (!comm_engine_available("gloo")) GTEST_SKIP() << "built without Gloo";
+  PT_SKIP_UNLESS(comm_engine_available("gloo"), "Gloo in this build (Debian libgloo-dev, then re-run cmake)");
   at::set_num_threads(1);
   on_ranks(GetParam(), [](Communicator& c) {
     EXPECT_EQ(c.engine(), "gloo");
@@ -48,16 +49,15 @@ INSTANTIATE_TEST_SUITE_P(Ranks, GlooSuite, ::testing::Values(1, 2, 3, 4));
 // NCCL: only in CUDA builds on a machine with a GPU; one rank per GPU, so world size 1 on a
 // one-GPU machine (more GPUs: run tests/mpi-style under launch).
 TEST(Nccl, AllCollectivesOnTheGpu) {
-  if (!comm_engine_available("nccl") || !torch::cuda::is_available()) {
-    GTEST_SKIP() << "no NCCL in this build or no GPU visible";
-  }
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs CUDA (no GPU visible)";
+  PT_SKIP_UNLESS(comm_engine_available("nccl"), "NCCL in this build (a CUDA LibTorch and nccl.h, see README)");
   auto comm = make_communicator(CommOptions{"nccl", std::chrono::seconds(60), true});
   EXPECT_EQ(comm->engine(), "nccl");
   comm_testing::run_collective_suite(*comm, at::Device(at::kCUDA, 0));
 }
 
 TEST(Gloo, MissingPeerTimesOutNamingRankAndOperation) {
-  if (!comm_engine_available("gloo")) GTEST_SKIP() << "built without Gloo";
+  PT_SKIP_UNLESS(comm_engine_available("gloo"), "Gloo in this build (Debian libgloo-dev, then re-run cmake)");
   const int port = free_port();
   std::promise<void> rank0_done;
   auto done = rank0_done.get_future().share();
@@ -83,7 +83,7 @@ TEST(Gloo, MissingPeerTimesOutNamingRankAndOperation) {
 }
 
 TEST(Gloo, UnreachableRendezvousIsAnError) {
-  if (!comm_engine_available("gloo")) GTEST_SKIP() << "built without Gloo";
+  PT_SKIP_UNLESS(comm_engine_available("gloo"), "Gloo in this build (Debian libgloo-dev, then re-run cmake)");
   std::string error;
   try {
     make_gloo_communicator(1, 2, "127.0.0.1", free_port(), std::chrono::seconds(1));

@@ -20,6 +20,8 @@
 #include "polytrain/data/sample_order.h"
 #include "polytrain/data/text_dataset.h"
 #include "polytrain/data/wordpiece.h"
+#include "helpers/require.h"
+#include "helpers/temp_dir.h"
 
 namespace polytrain {
 namespace {
@@ -290,23 +292,7 @@ TEST(MlmCollator, RejectsBadConfig) {
 
 // ---- TokenBlockDataset -------------------------------------------------------------------
 
-class TempDir {
- public:
-  TempDir() : path_(std::filesystem::temp_directory_path() /
-                    ("polytrain_test_data_" + std::to_string(::getpid()))) {
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() { std::error_code ec; std::filesystem::remove_all(path_, ec); }
-  std::string write(const std::string& name, const std::string& text) const {
-    const auto p = (path_ / name).string();
-    std::ofstream(p, std::ios::binary) << text;
-    return p;
-  }
-  std::string path(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  std::filesystem::path path_;
-};
+using testing::TempDir;
 
 TEST(TokenBlockDataset, PacksBlocksAndDropsTail) {
   std::vector<int64_t> stream;
@@ -339,7 +325,7 @@ TEST(TokenBlockDataset, SplitsParagraphsAndJoinsLines) {
 TEST(TokenBlockDataset, InputErrorNamesTheFile) {
   TempDir dir;
   auto encode = [](const std::string&) { return std::vector<int64_t>{7, 7, 7}; };
-  const std::string missing = dir.path("no_such_file.txt");
+  const std::string missing = dir.str("no_such_file.txt");
   try {
     TokenBlockDataset::build({missing}, encode, 2, 3, 8);
     FAIL() << "no InputError";
@@ -369,18 +355,16 @@ TEST(TokenBlockDataset, BuildsWithWordPieceTokenizer) {
   EXPECT_EQ(tok.decode(ds.sample(0)), "[CLS] the white whale [SEP]");
   EXPECT_EQ(tok.decode(ds.sample(1)), "[CLS] . moby dick [SEP]");
   EXPECT_EQ(tok.decode(ds.sample(2)), "[CLS] , the whale [SEP]");
-  EXPECT_THROW(TokenBlockDataset::build({f, dir.path("gone.txt")}, tok, 5), InputError);
+  EXPECT_THROW(TokenBlockDataset::build({f, dir.str("gone.txt")}, tok, 5), InputError);
 }
 
 TEST(TokenBlockDataset, RealCorpusIsFastAndMasksWholeWords) {
-  const char* env = std::getenv("POLYTRAIN_CACHE");
-  const std::string cache =
-      env && *env ? env : std::string(POLYTRAIN_SOURCE_DIR) + "/.cache/assets";
+  const std::string cache = testing::asset_cache();
   const std::vector<std::string> files{cache + "/corpus/mobydick.txt",
                                        cache + "/corpus/sherlock.txt"};
   const std::string vocab = cache + "/vocab/bert-base-uncased-vocab.txt";
   for (const auto& f : {files[0], files[1], vocab})
-    if (!std::ifstream(f)) GTEST_SKIP() << f << " is absent: run scripts/fetch_assets.sh";
+    PT_SKIP_UNLESS(std::ifstream(f), f << " (scripts/fetch_assets.sh)");
   const auto tok = WordPieceTokenizer::from_vocab_file(vocab);
   const auto t0 = std::chrono::steady_clock::now();
   const auto ds = TokenBlockDataset::build(files, tok, 128);

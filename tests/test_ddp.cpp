@@ -21,6 +21,7 @@
 #include "helpers/own_process.h"
 #include "polytrain/models/safetensors.h"
 #include "polytrain/parallel/comm/communicator.h"
+#include "helpers/require.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -56,8 +57,8 @@ struct Fixture : ::testing::Test {
   fs::path dir;
   int runs_ = 0;
   void SetUp() override {
-    if (!assets_present()) GTEST_SKIP() << "assets not fetched (scripts/fetch_assets.sh)";
-    if (!polytrain::comm_engine_available("gloo")) GTEST_SKIP() << "built without Gloo";
+    PT_SKIP_UNLESS(assets_present(), "the BERT vocab in .cache/assets (scripts/fetch_assets.sh)");
+    PT_SKIP_UNLESS(polytrain::comm_engine_available("gloo"), "Gloo in this build (Debian libgloo-dev, then re-run cmake)");
     dir = fs::temp_directory_path() / ("pt_ddp_" + std::to_string(::getpid()) + "_" +
                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir);

@@ -13,25 +13,15 @@
 #include "helpers/hf_parity.h"
 #include "polytrain/models/gpt2.h"
 #include "polytrain/models/hf_pretrained.h"
+#include "helpers/require.h"
+#include "helpers/temp_dir.h"
 
 namespace polytrain {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("pt_gpt2_" + std::to_string(::getpid()) + "_" +
-                                        std::to_string(reinterpret_cast<uintptr_t>(this)));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string str(const std::string& sub = "") const { return (sub.empty() ? path : path / sub).string(); }
-};
+using testing::TempDir;
 
 Gpt2Config tiny(bool tied = true, double dropout = 0.0) {
   Gpt2Config c;
@@ -63,7 +53,7 @@ at::Tensor logits(Gpt2LMHeadModel& m, const at::Tensor& ids, const at::Tensor& m
 }
 
 void expect_parity(bool tied) {
-  if (!testing::python_torch_available()) GTEST_SKIP() << "/usr/bin/python3 cannot import torch";
+  PT_SKIP_UNLESS(testing::python_imports("torch"), "/usr/bin/python3 with torch (Debian python3-torch)");
   TempDir dir;
   torch::manual_seed(1);
   Gpt2LMHeadModel model(tiny(tied));

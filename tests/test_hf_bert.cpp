@@ -17,6 +17,8 @@
 #include "polytrain/models/bert.h"
 #include "polytrain/models/hf_pretrained.h"
 #include "polytrain/models/safetensors.h"
+#include "helpers/require.h"
+#include "helpers/temp_dir.h"
 
 namespace polytrain {
 namespace {
@@ -76,18 +78,13 @@ at::Tensor logits_of(BertForMaskedLM m, const NamedTensors& in) {
 
 class HfBertTest : public ::testing::TestWithParam<std::string> {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/pt_hfbert_XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
   std::string sub(const std::string& name) const { return (fs::path(dir_) / name).string(); }
-  std::string dir_;
+  testing::TempDir tmp_{"pt_hfbert"};
+  const std::string dir_ = tmp_.str();
 };
 
 TEST_P(HfBertTest, LogitsMatchPythonReference) {
-  if (!testing::python_torch_available()) GTEST_SKIP() << "/usr/bin/python3 with torch not available";
+  PT_SKIP_UNLESS(testing::python_imports("torch"), "/usr/bin/python3 with torch (Debian python3-torch)");
   const auto cfg = tiny(GetParam());
   auto model = random_model(cfg, 1);
   model->save_pretrained(sub("m"));
@@ -173,7 +170,7 @@ TEST_P(HfBertTest, CheckpointWithHfExtrasLoads) {
 
 // hidden_act relu: BERT's head transform follows it, RoBERTa's lm_head applies gelu regardless.
 TEST_P(HfBertTest, HeadActivationMatchesHfWithReluHiddenAct) {
-  if (!testing::python_torch_available()) GTEST_SKIP() << "/usr/bin/python3 with torch not available";
+  PT_SKIP_UNLESS(testing::python_imports("torch"), "/usr/bin/python3 with torch (Debian python3-torch)");
   auto cfg = tiny(GetParam());
   cfg.hidden_act = "relu";
   auto model = random_model(cfg, 3);

@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "helpers/own_process.h"
+#include "helpers/require.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -501,9 +502,9 @@ INSTANTIATE_TEST_SUITE_P(Runners, RemoteRunner, ::testing::Values("ssh", "pdsh")
 // children) are stopped through the runner: nothing is left behind.
 TEST(Launch, TwoHostsThroughARealSshServer) {
   TempDir t;
-  if (::geteuid() != 0 || !fs::exists("/usr/sbin/sshd") || run("command -v ssh-keygen", t.path).code != 0) {
-    GTEST_SKIP() << "needs root, /usr/sbin/sshd and ssh-keygen (Debian's openssh-server)";
-  }
+  PT_SKIP_UNLESS(::geteuid() == 0, "root (the test starts its own sshd on 127.0.0.2-3)");
+  PT_SKIP_UNLESS(fs::exists("/usr/sbin/sshd") && run("command -v ssh-keygen", t.path).code == 0,
+                 "/usr/sbin/sshd and ssh-keygen (Debian openssh-server)");
   const std::string d = t.path.string();
   const int port = 20000 + ::getpid() % 20000;
   ASSERT_EQ(run("ssh-keygen -q -t ed25519 -N '' -f hk && ssh-keygen -q -t ed25519 -N '' -f uk && cp uk.pub keys && "
@@ -539,7 +540,7 @@ TEST(Launch, TwoHostsThroughARealSshServer) {
 
 TEST(Launch, OpenMpiWorkersMapOmpiVariables) {
   TempDir t;
-  if (run("command -v mpirun", t.path).code != 0) GTEST_SKIP() << "mpirun not installed";
+  PT_SKIP_UNLESS(run("command -v mpirun", t.path).code == 0, "mpirun on PATH (Debian openmpi-bin)");
   t.write("hostfile", "localhost slots=4\n");
   auto r = run(env_prefix(t) + kLaunch + " --hostfile hostfile --launcher openmpi " + kProbe + " --lines 1", t.path);
   ASSERT_EQ(r.code, 0) << r.out;
@@ -617,9 +618,8 @@ TEST(Launch, HoldPidKeepsAReapedRanksPidUntilItsRunnerExits) {
 // The restart story end to end: a worker SIGKILLed after its first checkpoint is restarted
 // by --max_restarts and continues from that checkpoint (--load_dir = --save_dir).
 TEST(Launch, RestartResumesTrainingFromTheLastCheckpoint) {
-  if (!fs::exists(fs::path(POLYTRAIN_SOURCE_DIR) / ".cache/assets/vocab/bert-base-uncased-vocab.txt")) {
-    GTEST_SKIP() << "assets not fetched (scripts/fetch_assets.sh)";
-  }
+  PT_SKIP_UNLESS(fs::exists(fs::path(POLYTRAIN_SOURCE_DIR) / ".cache/assets/vocab/bert-base-uncased-vocab.txt"),
+                 "the BERT vocab in .cache/assets (scripts/fetch_assets.sh)");
   TempDir t;
   const std::string ckpt = (t.path / "ckpt").string();
   const std::string pids = (t.path / "group.pids").string();

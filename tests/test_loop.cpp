@@ -31,6 +31,7 @@
 #include "polytrain/trainer/checkpoint.h"
 #include "polytrain/trainer/trainer.h"
 #include "helpers/free_port.h"
+#include "helpers/temp_dir.h"
 
 using namespace polytrain;
 namespace fs = std::filesystem;
@@ -40,19 +41,7 @@ namespace {
 
 using polytrain::testing::free_port;
 
-struct Scratch {
-  fs::path path;
-  Scratch() {
-    static int n = 0;
-    path = fs::temp_directory_path() / ("pt_loop_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~Scratch() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using Scratch = polytrain::testing::TempDir;
 
 /// Forks `world` ranks running body(rank) (exit 0 = pass) and waits at most `deadline`;
 /// ranks still running then are SIGKILLed by pid. Returns each rank's wait status.

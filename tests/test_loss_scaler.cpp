@@ -170,7 +170,7 @@ TEST(Autocast, Bf16OnCpuNestsAndRestores) {
 }
 
 TEST(Autocast, Fp16AndBf16OnCuda) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs CUDA (no GPU visible)";
   const auto a = torch::randn({4, 4}, torch::kCUDA), b = torch::randn({4, 4}, torch::kCUDA);
   for (auto t : {at::kHalf, at::kBFloat16}) {
     AutocastGuard g(c10::kCUDA, t);

@@ -15,6 +15,8 @@
 #include "polytrain/common/atomic_file.h"
 #include "polytrain/common/error.h"
 #include "polytrain/models/safetensors.h"
+#include "helpers/require.h"
+#include "helpers/temp_dir.h"
 
 namespace polytrain {
 namespace {
@@ -23,13 +25,6 @@ namespace fs = std::filesystem;
 
 class SafetensorsTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/pt_st_XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   // Builds a file from a header text (padded to 8) and data bytes.
   std::string write_raw(const std::string& name, const std::string& header,
                         const std::string& data, int64_t size_override = -1) {
@@ -54,7 +49,8 @@ class SafetensorsTest : public ::testing::Test {
     }
   }
 
-  std::string dir_;
+  testing::TempDir tmp_{"pt_st"};
+  const std::string dir_ = tmp_.str();
 };
 
 NamedTensors sample_tensors() {
@@ -216,12 +212,6 @@ TEST_F(SafetensorsTest, CorruptFilesAreInputErrors) {
 
 int run(const std::string& cmd, std::string* out) { return polytrain::testing::run_command(cmd, out); }
 
-bool python_has_torch() {
-  std::string out;
-  return ::access("/usr/bin/python3", X_OK) == 0 &&
-         run("/usr/bin/python3 -c 'import torch' 2>/dev/null", &out) == 0;
-}
-
 // `read FILE` parses with json+struct only (checking padding, order, offsets) and prints
 // {name: {dtype, shape, values}}; `write FILE` writes the reference layout for a fixed set
 // of tensors built with torch.
@@ -310,7 +300,7 @@ void expect_matches_json(const NamedTensors& tensors, const nlohmann::json& j) {
 }
 
 TEST_F(SafetensorsTest, PythonReadsWhatWeWrite) {
-  if (!python_has_torch()) GTEST_SKIP() << "/usr/bin/python3 with torch not available";
+  PT_SKIP_UNLESS(testing::python_imports("torch"), "/usr/bin/python3 with torch (Debian python3-torch)");
   const auto tensors = sample_tensors();
   const std::string path = dir_ + "/for_python.safetensors";
   save_safetensors(path, tensors, {{"format", "pt"}});
@@ -318,7 +308,7 @@ TEST_F(SafetensorsTest, PythonReadsWhatWeWrite) {
 }
 
 TEST_F(SafetensorsTest, WeReadWhatPythonWritesAndRewriteItByteForByte) {
-  if (!python_has_torch()) GTEST_SKIP() << "/usr/bin/python3 with torch not available";
+  PT_SKIP_UNLESS(testing::python_imports("torch"), "/usr/bin/python3 with torch (Debian python3-torch)");
   const std::string path = dir_ + "/from_python.safetensors";
   const nlohmann::json expected = run_python(dir_, "write", path);
   std::map<std::string, std::string> meta;

@@ -15,14 +15,14 @@
 
 #include "polytrain/common/error.h"
 #include "polytrain/data/sentencepiece_tokenizer.h"
+#include "helpers/process.h"
+#include "helpers/require.h"
+#include "helpers/temp_dir.h"
 
 namespace polytrain {
 namespace {
 
-std::string cache() {
-  const char* env = std::getenv("POLYTRAIN_CACHE");
-  return env && *env ? env : std::string(POLYTRAIN_SOURCE_DIR) + "/.cache/assets";
-}
+std::string cache() { return testing::asset_cache(); }
 std::string model_path() { return cache() + "/spm/corpus.model"; }
 
 std::string slurp(const std::string& path) {
@@ -32,10 +32,7 @@ std::string slurp(const std::string& path) {
   return s.str();
 }
 void write_file(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
-int run(const std::string& command) {
-  const int status = std::system(command.c_str());
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+int run(const std::string& command) { return testing::run_status(command); }
 
 // Every k-th non-empty line of a corpus file, up to n lines, without its line end.
 std::vector<std::string> corpus_lines(const std::string& file, size_t n, size_t k) {
@@ -87,8 +84,9 @@ const std::vector<std::string> kHardCases = {
 class Spm : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!SentencePieceTokenizer::available()) GTEST_SKIP() << "built without SentencePiece";
-    if (!std::ifstream(model_path())) GTEST_SKIP() << model_path() << " is absent: run scripts/fetch_assets.sh";
+    PT_SKIP_UNLESS(SentencePieceTokenizer::available(),
+                   "SentencePiece in this build (Debian libsentencepiece-dev, then re-run cmake)");
+    PT_SKIP_UNLESS(std::ifstream(model_path()), model_path() << " (scripts/fetch_assets.sh)");
     static const SentencePieceTokenizer tok = SentencePieceTokenizer::load(model_path(), 100, true);
     tok_ = &tok;
   }
@@ -153,13 +151,14 @@ TEST_F(Spm, DecodeInvertsEncode) {
 
 // The same model read by python3-sentencepiece (the library's own Python binding, run now).
 TEST_F(Spm, MatchesPythonSentencePieceOnTheCorpusAndHardCases) {
-  if (run("/usr/bin/python3 -c 'import sentencepiece' 2>/dev/null") != 0)
-    GTEST_SKIP() << "/usr/bin/python3 cannot import sentencepiece (Debian python3-sentencepiece)";
+  PT_SKIP_UNLESS(testing::python_imports("sentencepiece"),
+                 "/usr/bin/python3 with sentencepiece (Debian python3-sentencepiece)");
   std::vector<std::string> texts = kHardCases;
   for (const auto& l : corpus_lines("mobydick.txt", 300, 37)) texts.push_back(l);
   for (const auto& l : corpus_lines("sherlock.txt", 300, 23)) texts.push_back(l);
   ASSERT_GE(texts.size(), 500u);
-  const std::string dir = ::testing::TempDir();
+  const testing::TempDir tmp;
+  const std::string dir = tmp.str();
   std::string joined;
   for (const auto& t : texts) joined += t + "\n";
   write_file(dir + "/spm_texts.txt", joined);
@@ -191,7 +190,8 @@ TEST_F(Spm, MatchesPythonSentencePieceOnTheCorpusAndHardCases) {
 }
 
 TEST(SpmFiles, BadModelFilesAreInputErrorsNamingTheFile) {
-  const std::string dir = ::testing::TempDir();
+  const testing::TempDir tmp;
+  const std::string dir = tmp.str();
   const auto expect_error = [](const std::string& path, const std::string& what) {
     try {
       SentencePieceTokenizer::load(path);
@@ -213,8 +213,9 @@ TEST(SpmFiles, BadModelFilesAreInputErrorsNamingTheFile) {
 }
 
 TEST_F(Spm, ModelWithoutT5IdsIsRefusedWhenT5IdsAreRequired) {
-  if (run("command -v spm_train > /dev/null") != 0) GTEST_SKIP() << "spm_train not installed";
-  const std::string dir = ::testing::TempDir();
+  PT_SKIP_UNLESS(testing::have_command("spm_train"), "spm_train on PATH (Debian sentencepiece)");
+  const testing::TempDir tmp;
+  const std::string dir = tmp.str();
   std::string text;
   for (const auto& l : corpus_lines("sherlock.txt", 2000, 1)) text += l + "\n";
   write_file(dir + "/spm_small.txt", text);
@@ -234,8 +235,9 @@ TEST_F(Spm, ModelWithoutT5IdsIsRefusedWhenT5IdsAreRequired) {
 
 TEST_F(Spm, TokenizeProgram) {
   const std::string bin = std::string(POLYTRAIN_BINARY_DIR) + "/tokenize";
-  if (!std::ifstream(bin)) GTEST_SKIP() << bin << " is not built";
-  const std::string dir = ::testing::TempDir();
+  PT_SKIP_UNLESS(std::ifstream(bin), bin << " (built with the tests: cmake --build)");
+  const testing::TempDir tmp;
+  const std::string dir = tmp.str();
   write_file(dir + "/spm_in.txt", "Call me Ishmael.\n\nthe whale\n");
   ASSERT_EQ(run(bin + " --type sentencepiece --model " + model_path() + " < " + dir + "/spm_in.txt > " + dir +
                 "/spm_out.txt"), 0);

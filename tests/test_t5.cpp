@@ -17,6 +17,9 @@
 #include "polytrain/models/safetensors.h"
 #include "polytrain/models/t5.h"
 #include "polytrain/common/autocast.h"
+#include "helpers/require.h"
+#include "helpers/temp_dir.h"
+#include "polytrain/trainer/autocast.h"
 
 namespace polytrain {
 namespace {
@@ -40,19 +43,7 @@ T5Config tiny_v11(double dropout = 0.0) {
   return c;
 }
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "pt_t5_XXXXXX").string();
-    EXPECT_NE(::mkdtemp(tmpl.data()), nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string str() const { return path.string(); }
-};
+using testing::TempDir;
 
 // Padded batch: row 1 right-padded, row 2 left-padded (T5 allows either: positions are relative).
 struct Inputs {
@@ -78,7 +69,7 @@ at::Tensor logits_of(T5ForConditionalGeneration& m, const Inputs& in) {
 }
 
 void check_parity(const T5Config& cfg, const char* label) {
-  if (!testing::python_torch_available()) GTEST_SKIP() << "/usr/bin/python3 with torch is not available";
+  PT_SKIP_UNLESS(testing::python_imports("torch"), "/usr/bin/python3 with torch (Debian python3-torch)");
   torch::manual_seed(3);
   T5ForConditionalGeneration model(cfg);
   TempDir dir;

@@ -21,6 +21,8 @@
 #include "polytrain/common/crc32c.h"
 #include "polytrain/common/error.h"
 #include "polytrain/trainer/tensorboard.h"
+#include "helpers/require.h"
+#include "helpers/temp_dir.h"
 
 namespace polytrain {
 namespace {
@@ -126,13 +128,6 @@ std::vector<Event> read_events(const std::string& path) {
 
 class TensorBoardTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/pt_tb_XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   // Writes a fixed set of scalars; returns the event file path.
   std::string write_sample(const std::string& log_dir) {
     TensorBoardWriter w(log_dir);
@@ -146,7 +141,8 @@ class TensorBoardTest : public ::testing::Test {
     return w.path();
   }
 
-  std::string dir_;
+  testing::TempDir tmp_{"pt_tb"};
+  const std::string dir_ = tmp_.str();
 };
 
 const std::vector<std::tuple<std::string, float, int64_t>> kExpected = {
@@ -233,7 +229,7 @@ void check_with_python(const std::string& dir, const std::string& decoder,
   std::string out;
   const int rc = run("/usr/bin/python3 " + script + " --decoder=" + decoder + " '" + path + "'",
                      &out);
-  if (rc == 3) GTEST_SKIP() << "python3-protobuf is not installed";
+  PT_SKIP_UNLESS(rc != 3, "the protobuf library for /usr/bin/python3 (Debian python3-protobuf)");
   ASSERT_EQ(rc, 0) << out;
   std::vector<nlohmann::json> lines;
   size_t start = 0;
@@ -250,15 +246,13 @@ void check_with_python(const std::string& dir, const std::string& decoder,
   }
 }
 
-bool have_python() { return ::access("/usr/bin/python3", X_OK) == 0; }
-
 TEST_F(TensorBoardTest, IndependentPythonReaderMinimalDecoder) {
-  if (!have_python()) GTEST_SKIP() << "/usr/bin/python3 not found";
+  PT_SKIP_UNLESS(::access("/usr/bin/python3", X_OK) == 0, "/usr/bin/python3 (Debian python3)");
   check_with_python(dir_, "minimal", write_sample(dir_));
 }
 
 TEST_F(TensorBoardTest, IndependentPythonReaderProtobufLibrary) {
-  if (!have_python()) GTEST_SKIP() << "/usr/bin/python3 not found";
+  PT_SKIP_UNLESS(::access("/usr/bin/python3", X_OK) == 0, "/usr/bin/python3 (Debian python3)");
   check_with_python(dir_, "protobuf", write_sample(dir_));
 }
 

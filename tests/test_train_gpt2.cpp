@@ -6,6 +6,8 @@
 #include <fstream>
 
 #include "helpers/program.h"
+#include "helpers/require.h"
+#include "helpers/temp_dir.h"
 
 namespace fs = std::filesystem;
 using polytrain::testing::expect_one_line_error;
@@ -20,16 +22,14 @@ bool assets_present() {
   return fs::exists(fs::path(POLYTRAIN_SOURCE_DIR) / ".cache/assets/gpt2/encoder.json");
 }
 
-struct TempDir : polytrain::testing::ScratchDir {
-  TempDir() : ScratchDir("pt_tgpt2") {}
-};
+using polytrain::testing::TempDir;
 
 std::vector<double> eval_losses(const std::string& out) { return polytrain::testing::numbers_after(out, "eval_loss"); }
 
 }  // namespace
 
 TEST(TrainGpt2, LossFallsOnTheCorpusAndTheHfDirectoryLoadsBack) {
-  if (!assets_present()) GTEST_SKIP() << "assets not fetched (scripts/fetch_assets.sh)";
+  PT_SKIP_UNLESS(assets_present(), "the GPT-2 BPE files in .cache/assets (scripts/fetch_assets.sh)");
   TempDir tmp;
   // configs/gpt2_tiny.json made smaller (one layer, 64-token blocks) to keep the test short.
   std::ofstream(tmp.path / "c.json") << R"({

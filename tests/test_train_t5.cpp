@@ -8,6 +8,8 @@
 
 #include "polytrain/data/sentencepiece_tokenizer.h"
 #include "helpers/program.h"
+#include "helpers/require.h"
+#include "helpers/temp_dir.h"
 
 namespace fs = std::filesystem;
 using polytrain::testing::expect_one_line_error;
@@ -25,15 +27,13 @@ bool assets_present() {
          fs::exists(fs::path(POLYTRAIN_SOURCE_DIR) / ".cache/assets/corpus/sherlock.txt");
 }
 
-struct TempDir : polytrain::testing::ScratchDir {
-  TempDir() : ScratchDir("pt_tt5") {}
-};
+using polytrain::testing::TempDir;
 
 }  // namespace
 
 TEST(TrainT5, LossFallsOnTheCorpus) {
-  if (!polytrain::SentencePieceTokenizer::available()) GTEST_SKIP() << "built without SentencePiece";
-  if (!assets_present()) GTEST_SKIP() << "assets not fetched (scripts/fetch_assets.sh)";
+  PT_SKIP_UNLESS(polytrain::SentencePieceTokenizer::available(), "SentencePiece in this build (Debian libsentencepiece-dev, then re-run cmake)");
+  PT_SKIP_UNLESS(assets_present(), "the corpus and its SentencePiece model in .cache/assets (scripts/fetch_assets.sh)");
   TempDir tmp;
   // configs/t5_small.json made tiny: one layer each side, 32-token inputs, one book.
   std::ofstream(tmp.path / "c.json") << R"({
@@ -66,7 +66,8 @@ TEST(TrainT5, BadInputIsOneLineExitTwo) {
   expect_one_line_error(run(kT5 + " --config configs/bert_tiny.json"), "train_t5 trains t5 models");
   expect_one_line_error(run(kT5 + " --config configs/t5_small.json --spm_model " + (tmp.path / "none.model").string()),
                "none.model");
-  if (!polytrain::SentencePieceTokenizer::available() || !assets_present()) return;
+  PT_SKIP_UNLESS(polytrain::SentencePieceTokenizer::available(), "SentencePiece in this build (Debian libsentencepiece-dev, then re-run cmake)");
+  PT_SKIP_UNLESS(assets_present(), "the corpus and its SentencePiece model in .cache/assets (scripts/fetch_assets.sh)");
   expect_one_line_error(run(kT5 + " --config configs/t5_small.json --noise_density 1.5"), "noise_density must be in (0, 1)");
   std::ofstream(tmp.path / "c.json") << R"({"train_batch_size": 8, "model": {"model_type": "t5", "vocab_size": 8000},
     "data": {"train_files": [".cache/assets/corpus/sherlock.txt"]}})";

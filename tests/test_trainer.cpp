@@ -15,6 +15,7 @@
 #include "polytrain/models/bert.h"
 #include "polytrain/trainer/checkpoint.h"
 #include "polytrain/trainer/trainer.h"
+#include "helpers/temp_dir.h"
 
 using namespace polytrain;
 namespace fs = std::filesystem;
@@ -68,16 +69,7 @@ class TestTrainer : public Trainer {
   }
 };
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("pt_trainer_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { std::error_code ec; fs::remove_all(path, ec); }
-  static int& counter() { static int c = 0; return c; }
-};
+using polytrain::testing::TempDir;
 
 Config tiny_config(const fs::path& root, double dropout = 0.1) {
   Config cfg;
@@ -197,7 +189,7 @@ TEST(Trainer, Fp16NeedsCuda) {
 // fp16 on a GPU: an injected overflow skips the step and lowers the dynamic scale (hysteresis
 // 1), the other steps train, the parameters stay finite fp32.
 TEST(Trainer, Fp16OverflowSkipsTheStepAndLowersTheScaleOnCuda) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs CUDA (no GPU visible)";
   TempDir tmp;
   auto cfg = tiny_config(tmp.path, 0.0);
   cfg.trainer.pytorch_device = "cuda";

@@ -14,14 +14,12 @@
 
 #include "polytrain/common/error.h"
 #include "polytrain/data/wordpiece.h"
+#include "helpers/process.h"
+#include "helpers/require.h"
+#include "helpers/temp_dir.h"
 
 namespace polytrain {
 namespace {
-
-std::string asset_cache() {
-  const char* env = std::getenv("POLYTRAIN_CACHE");
-  return env && *env ? env : std::string(POLYTRAIN_SOURCE_DIR) + "/.cache/assets";
-}
 
 std::vector<std::string> read_lines(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -42,8 +40,8 @@ void write_file(const std::string& path, const std::string& text) {
 }
 
 TEST(WordPieceReference, MatchesHuggingFaceOnEveryCase) {
-  const std::string vocab = asset_cache() + "/vocab/bert-base-uncased-vocab.txt";
-  if (!std::ifstream(vocab)) GTEST_SKIP() << vocab << " is absent: run scripts/fetch_assets.sh";
+  const std::string vocab = testing::asset_cache() + "/vocab/bert-base-uncased-vocab.txt";
+  PT_SKIP_UNLESS(std::ifstream(vocab), vocab << " (scripts/fetch_assets.sh)");
   const auto tok = WordPieceTokenizer::from_vocab_file(vocab);
   ASSERT_EQ(tok.vocab_size(), 30522);
   EXPECT_EQ(tok.pad_id(), 0);
@@ -147,7 +145,8 @@ TEST(WordPieceTiny, BadVocabs) {
   EXPECT_THROW(WordPieceTokenizer({"[UNK]", "a", "a"}), InputError);
   EXPECT_THROW(WordPieceTokenizer({"[UNK]"}).encode("a", true), InputError);  // no [CLS]/[SEP]
 
-  const std::string dir = ::testing::TempDir();
+  const testing::TempDir tmp;
+  const std::string dir = tmp.str();
   auto message = [](const std::string& path) {
     try {
       WordPieceTokenizer::from_vocab_file(path);
@@ -168,15 +167,13 @@ TEST(WordPieceTiny, BadVocabs) {
 }
 
 // Runs a shell command; returns its exit code.
-int run(const std::string& command) {
-  const int status = std::system(command.c_str());
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+int run(const std::string& command) { return testing::run_status(command); }
 
 TEST(TokenizeProgram, PrintsIdsPerLineAndFailsCleanly) {
   const std::string bin = std::string(POLYTRAIN_BINARY_DIR) + "/tokenize";
-  if (!std::ifstream(bin)) GTEST_SKIP() << bin << " is not built";
-  const std::string dir = ::testing::TempDir();
+  PT_SKIP_UNLESS(std::ifstream(bin), bin << " (built with the tests: cmake --build)");
+  const testing::TempDir tmp;
+  const std::string dir = tmp.str();
   std::string vocab_text;
   for (const auto& t : kTinyVocab) vocab_text += t + "\n";
   write_file(dir + "/tok_vocab.txt", vocab_text);

@@ -4,7 +4,6 @@
 #pragma once
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -21,13 +20,6 @@
 #include "polytrain/models/safetensors.h"
 
 namespace polytrain::testing {
-
-/// True when /usr/bin/python3 can import torch (tests GTEST_SKIP otherwise).
-inline bool python_torch_available() {
-  std::string out;
-  return ::access("/usr/bin/python3", X_OK) == 0 &&
-         run_command("/usr/bin/python3 -c 'import torch' 2>/dev/null", &out) == 0;
-}
 
 /// Writes `inputs` next to model_dir, runs the reference and returns its outputs (by name).
 /// On failure sets *error to the script's output and returns nothing.

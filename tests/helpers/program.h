@@ -1,12 +1,10 @@
 // Test helper for the programs as a user runs them (train_gpt2, train_t5, ...): run a command
-// from the source tree, a scratch folder, numbers read back from the log, and the check that
+// from the source tree, numbers read back from the log, and the check that
 // bad input gave exactly one `error:` line and exit code 2.
 #pragma once
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <filesystem>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -27,19 +25,6 @@ inline ProgramRun run_program(const std::string& cmd) {
   r.code = run_command("cd " POLYTRAIN_SOURCE_DIR " && " + cmd + " 2>&1", &r.out);
   return r;
 }
-
-/// A folder under the system temp dir named `prefix`_<pid>, removed with everything in it.
-struct ScratchDir {
-  std::filesystem::path path;
-  explicit ScratchDir(const std::string& prefix)
-      : path(std::filesystem::temp_directory_path() / (prefix + "_" + std::to_string(::getpid()))) {
-    std::filesystem::create_directories(path);
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-};
 
 /// The numbers after `key ` in the order printed ("eval_loss 7.1", "| loss 8.2 |").
 inline std::vector<double> numbers_after(const std::string& out, const std::string& key) {
