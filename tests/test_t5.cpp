@@ -19,7 +19,6 @@
 #include "polytrain/common/autocast.h"
 #include "helpers/require.h"
 #include "helpers/temp_dir.h"
-#include "polytrain/trainer/autocast.h"
 
 namespace polytrain {
 namespace {
