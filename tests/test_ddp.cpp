@@ -151,6 +151,11 @@ TEST_F(Fixture, DataParallelReproducesSingleProcessTraining) {
   };
   EXPECT_LT(max_diff("w1m8", "w2"), 1e-5);
   EXPECT_LT(max_diff("w1m4", "w4"), 1e-5);
+  // env_type deepspeed through the launcher and train_bert: ZeRO-2 with the optimizer
+  // offloaded (the CPU Adam) follows the same curve.
+  auto z2 = train("z2", "--num_gpus 2", "deepspeed", 8, steps + " --zero_stage 2 --offload_optimizer cpu");
+  expect_same_curve(ref8, z2, 1, 50, 1e-5, "deepspeed ZeRO-2 + offload world 2 vs world 1 (micro 8, GA 2)");
+  EXPECT_LT(max_diff("w1m8", "z2"), 1e-5);
   PT_SKIP_UNLESS(polytrain::comm_engine_available("mpi") && run("command -v mpirun").code == 0,
                  "the MPI leg: a build with MPI and mpirun on PATH (Debian libopenmpi-dev, openmpi-bin)");
   auto mpi = train("mpi2", "--launcher openmpi --num_gpus 2", "pytorchDDP", 8, steps);

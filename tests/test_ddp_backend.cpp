@@ -40,6 +40,7 @@ class CountingComm : public Communicator {
     return std::make_unique<Done>();
   }
   std::unique_ptr<CommWork> broadcast_async(at::Tensor&, int) override { return std::make_unique<Done>(); }
+  std::unique_ptr<CommWork> reduce_async(at::Tensor&, int, ReduceOp) override { return std::make_unique<Done>(); }
   void barrier() override {}
   std::unique_ptr<Communicator> split(int, int) override { return std::make_unique<CountingComm>(all_reduces); }
 };

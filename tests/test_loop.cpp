@@ -30,6 +30,7 @@
 #include "polytrain/parallel/single/single_backend.h"
 #include "polytrain/trainer/checkpoint.h"
 #include "polytrain/trainer/trainer.h"
+#include "helpers/forked_ranks.h"
 #include "helpers/free_port.h"
 #include "helpers/temp_dir.h"
 
@@ -40,50 +41,9 @@ using json = nlohmann::json;
 namespace {
 
 using polytrain::testing::free_port;
+using polytrain::testing::run_ranks;
 
 using Scratch = polytrain::testing::TempDir;
-
-/// Forks `world` ranks running body(rank) (exit 0 = pass) and waits at most `deadline`;
-/// ranks still running then are SIGKILLed by pid. Returns each rank's wait status.
-template <class F>
-std::vector<int> run_ranks(int world, std::chrono::seconds deadline, F body) {
-  std::vector<pid_t> pids;
-  for (int r = 0; r < world; ++r) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      int rc = 1;
-      try {
-        at::set_num_threads(1);
-        rc = body(r);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "rank %d: %s\n", r, e.what());
-      }
-      std::fflush(nullptr);
-      ::_exit(rc);
-    }
-    pids.push_back(pid);
-  }
-  std::vector<int> status(world, -1);
-  const auto end = std::chrono::steady_clock::now() + deadline;
-  for (int left = world; left > 0;) {
-    for (int r = 0; r < world; ++r) {
-      if (status[r] != -1) continue;
-      int st = 0;
-      if (::waitpid(pids[r], &st, WNOHANG) == pids[r]) status[r] = st, --left;
-    }
-    if (left == 0) break;
-    if (std::chrono::steady_clock::now() > end) {
-      ADD_FAILURE() << "ranks still running after " << deadline.count() << " s: killed";
-      for (int r = 0; r < world; ++r)
-        if (status[r] == -1) ::kill(pids[r], SIGKILL);
-      for (int r = 0; r < world; ++r)
-        if (status[r] == -1) ::waitpid(pids[r], &status[r], 0);
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return status;
-}
 
 // Sample i: x = features of i, y = a fixed linear function of x; "index" carries i.
 class LinearSource : public BatchSource {

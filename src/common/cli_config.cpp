@@ -83,6 +83,10 @@ void add_config_flags(CLI::App& app, ConfigFlags& flags) {
   add_switch(app, flags, "--no_progress_bar", trainer("progress_bar"), false, "no progress bar");
   add_value<int64_t>(app, flags, "--model_parallel_size", trainer("model_parallel_size"),
                      "tensor-parallel size (world = model_parallel_size x data-parallel size)");
+  add_value<int64_t>(app, flags, "--zero_stage", {"zero_optimization", "stage"},
+                     "ZeRO stage 0, 1 or 2 for env_type deepspeed (zero_optimization.stage)");
+  add_value<std::string>(app, flags, "--offload_optimizer", {"zero_optimization", "offload_optimizer", "device"},
+                         "cpu or none: ZeRO-Offload (zero_optimization.offload_optimizer.device)");
   for (const char* key : kBatchKeys)
     add_value<int64_t>(app, flags, std::string("--") + key, {key}, std::string("DeepSpeed's ") + key);
   add_value<double>(app, flags, "--lr", {"optimizer", "params", "lr"}, "learning rate (optimizer.params.lr)");

@@ -27,7 +27,7 @@ using detail::cat;
 
 namespace {
 
-const std::vector<std::string> kOptimizers = {"Adam", "AdamW", "Lamb", "SGD", "Adagrad"};
+const std::vector<std::string> kOptimizers = {"Adam", "AdamW", "CPUAdam", "Lamb", "SGD", "Adagrad"};
 const std::vector<std::string> kDeepSpeedOnlyOptimizers = {"OneBitAdam", "ZeroOneAdam", "OneBitLamb",
                                                            "MuAdam", "MuAdamW", "MuSGD", "Lion"};
 const std::vector<std::string> kSchedulers = {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR",
@@ -56,7 +56,7 @@ void parse_optimizer(const json* j, ParseContext& ctx, OptimizerConfig& o) {
   for (const auto& name : kDeepSpeedOnlyOptimizers)
     if (lower(name) == lower(type))
       r.fail("type", "'" + type + "' is a DeepSpeed optimizer polytrain does not implement; use one of "
-                         "Adam, AdamW, Lamb, SGD, Adagrad");
+                         "Adam, AdamW, CPUAdam, Lamb, SGD, Adagrad");
   if (o.type.empty()) r.one_of("type", type, kOptimizers);
   if (o.type == "Adagrad") o.eps = 1e-10;  // torch.optim.Adagrad's default
 
@@ -65,7 +65,7 @@ void parse_optimizer(const json* j, ParseContext& ctx, OptimizerConfig& o) {
     p.fail("max_grad_norm", "is not an optimizer parameter in DeepSpeed; set the top-level "
                             "'gradient_clipping' instead");
   visit(p, o);
-  if (o.type == "Adam" || o.type == "AdamW") p.accept("torch_adam");  // same math either way
+  if (o.type == "Adam" || o.type == "AdamW" || o.type == "CPUAdam") p.accept("torch_adam");  // same math either way
   if (o.type == "Lamb")
     p.ignore({{"max_coeff", "10.0"}, {"min_coeff", "0.01"}, {"eps_inside_sqrt", "false"}});
   p.finish(" (" + o.type + " takes: " + key_list(o) + ")");
@@ -187,6 +187,8 @@ void parse_zero(const json* j, const json* allgather_size, ParseContext& ctx, Ze
   if (z.stage < 0 || z.stage > 3) r.fail("stage", cat("must be 0, 1, 2 or 3, got ", z.stage));
   r.above("reduce_bucket_size", z.reduce_bucket_size, int64_t{0});
   r.above("allgather_bucket_size", z.allgather_bucket_size, int64_t{0});
+  if (z.allgather_bucket_size % 2 != 0)  // DeepSpeed's rule (its NCCL alignment factor is 2)
+    r.fail("allgather_bucket_size", cat("must be even, got ", z.allgather_bucket_size));
   r.above("sub_group_size", z.sub_group_size, int64_t{0});
   r.at_least("stage3_max_live_parameters", z.stage3_max_live_parameters, int64_t{0});
   r.at_least("stage3_max_reuse_distance", z.stage3_max_reuse_distance, int64_t{0});
@@ -364,7 +366,7 @@ Config config_from_json(const json& doc, const std::string& origin, int64_t worl
   parse_scheduler(scheduler, ctx, cfg.scheduler);
   if (cfg.scheduler.type == "OneCycle" && cfg.scheduler.cycle_momentum) {
     const std::string t = lower(cfg.optimizer.type);
-    if (t != "adam" && t != "adamw" && t != "lamb")
+    if (t != "adam" && t != "adamw" && t != "cpuadam" && t != "lamb")
       ctx.fail(cat("scheduler.params.cycle_momentum: OneCycle cycles momentum (beta1), but optimizer '",
                    cfg.optimizer.type, "' has no beta1; set cycle_momentum to false or use Adam, AdamW or Lamb"));
   }

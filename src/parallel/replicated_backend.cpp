@@ -59,24 +59,17 @@ void ReplicatedBackend::build(std::shared_ptr<torch::nn::Module> model, const Co
 }
 
 StepResult ReplicatedBackend::update(const StepRequest& request, int64_t step) {
-  UpdateOptions o;
-  o.lr = request.lr;
-  o.beta1 = request.beta1;
-  o.clip = clip_;
-  o.grad_scale = 1.0 / request.loss_scale;
-  const UpdateOutcome u = apply_update(params_, *optimizer_, o);
-  StepResult r;
-  r.outcome = u.applied ? StepOutcome::kApplied : StepOutcome::kSkippedNonFinite;
-  r.grad_norm = u.grad_norm;
-  r.global_step = step + 1;
-  r.samples = global_batch_;
-  return r;
+  return step_result(apply_update(params_, *optimizer_, update_options(request, clip_)), step, global_batch_);
 }
 
 void ReplicatedBackend::save_shard(torch::serialize::OutputArchive& archive) { optimizer_->save(archive); }
 
 void ReplicatedBackend::load_shards(ShardReader& reader) {
   // Every rank held the same state; rank 0 saved it, and it loads at any world size.
+  PT_INPUT_CHECK(reader.env_type() != "deepspeed", reader.origin(),
+                 ": optimizer state saved by env_type 'deepspeed' (ZeRO, by parameter slice) cannot be loaded by env_type '",
+                 name(), "'; resume with env_type deepspeed (any data-parallel size), or export the model with "
+                 "zero_to_fp32 and start from it");
   PT_INPUT_CHECK(reader.has_shard(0), "checkpoint has no optimizer state (", ShardReader::file_name(0), ")");
   reader.read_shard(0, [&](torch::serialize::InputArchive& a, const std::string& origin) { optimizer_->load(a, origin); });
 }

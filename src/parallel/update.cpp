@@ -6,6 +6,7 @@
 
 #include <torch/torch.h>
 
+#include "polytrain/parallel/backend.h"
 #include "polytrain/trainer/optimizers.h"
 
 namespace polytrain {
@@ -26,6 +27,24 @@ void clip_grads(const std::vector<at::Tensor>& params, double norm, double max_n
   const double coef = max_norm / (norm + 1e-6);  // torch.nn.utils.clip_grad_norm_'s formula
   for (const auto& p : params)
     if (p.grad().defined()) p.grad().mul_(coef);
+}
+
+UpdateOptions update_options(const StepRequest& request, double clip) {
+  UpdateOptions o;
+  o.lr = request.lr;
+  o.beta1 = request.beta1;
+  o.clip = clip;
+  o.grad_scale = 1.0 / request.loss_scale;
+  return o;
+}
+
+StepResult step_result(const UpdateOutcome& u, int64_t step, int64_t samples) {
+  StepResult r;
+  r.outcome = u.applied ? StepOutcome::kApplied : StepOutcome::kSkippedNonFinite;
+  r.grad_norm = u.grad_norm;
+  r.global_step = step + 1;
+  r.samples = samples;
+  return r;
 }
 
 UpdateOutcome apply_update(const std::vector<at::Tensor>& params, Optimizer& opt, const UpdateOptions& o,

@@ -16,6 +16,8 @@
 namespace polytrain {
 
 class Optimizer;
+struct StepRequest;
+struct StepResult;
 
 /// Sum of the squares of the gradients of `params` (those with a gradient), in float64 so the
 /// result does not depend on float32 summation order; one host sync for the whole list.
@@ -44,6 +46,12 @@ struct UpdateOutcome {
   bool applied = false;     ///< false: non-finite gradient norm, nothing updated (on every rank)
   double grad_norm = 0.0;   ///< global norm before clipping
 };
+
+/// The options of the loop's request (lr, beta1, 1 / loss scale) with gradient_clipping `clip`.
+UpdateOptions update_options(const StepRequest& request, double clip);
+
+/// What step() reports for update `u` after `step` steps, `samples` samples over all ranks.
+StepResult step_result(const UpdateOutcome& u, int64_t step, int64_t samples);
 
 /// The shared update over this rank's gradient holders `params` (what `opt` steps).
 /// `norm_params` (default: `params`) are the tensors whose gradients count toward the norm

@@ -67,6 +67,8 @@ class CheckpointReader {
   /// InputError naming the file.
   void read_archive(const std::string& name, const std::function<void(torch::serialize::InputArchive&)>& use) const;
   std::string path(const std::string& name) const;
+  /// The checkpoint's folder (for messages).
+  const std::string& dir() const { return cdir_; }
 
  private:
   std::string cdir_;
@@ -82,6 +84,13 @@ class ShardReader {
   /// {"world", "tp", "dp", "pp"} as saved.
   const nlohmann::json& saved_grid() const { return checkpoint_.meta().at("grid"); }
   int64_t saved_world_size() const { return saved_grid().at("world").get<int64_t>(); }
+  /// The env_type whose backend saved the shards ("" when not recorded).
+  std::string env_type() const {
+    const auto& m = checkpoint_.meta();
+    return m.contains("env_type") && m["env_type"].is_string() ? m["env_type"].get<std::string>() : std::string();
+  }
+  /// The checkpoint's folder, for messages.
+  const std::string& origin() const { return checkpoint_.dir(); }
   bool has_shard(int64_t rank) const { return checkpoint_.has_file(file_name(rank)); }
   /// Verifies shard_<rank>.pt and hands its archive to `use` with the file's path (for messages).
   void read_shard(int64_t rank,

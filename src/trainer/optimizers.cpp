@@ -13,6 +13,7 @@
 
 #include "polytrain/common/config.h"
 #include "polytrain/common/error.h"
+#include "polytrain/trainer/cpu_adam.h"
 #include "polytrain/trainer/lamb.h"
 #include "polytrain/trainer/optim_state_key.h"
 
@@ -58,9 +59,10 @@ void check_common(const OptimizerConfig& cfg, bool has_betas) {
 std::unique_ptr<torch::optim::Optimizer> build_torch(const OptimizerConfig& cfg, const std::vector<ParamGroup>& split) {
   const std::string type = lower(cfg.type);
   const bool adam_like = type == "adam" || type == "adamw";
+  PT_INPUT_CHECK(type != "cpuadam", "optimizer.type CPUAdam is polytrain's own kernel, not a libtorch optimizer");
   if (!adam_like && type != "lamb" && type != "sgd" && type != "adagrad")
     throw InputError(detail::cat("optimizer.type: unknown optimizer '", cfg.type,
-                                 "' (known: Adam, AdamW, Lamb, SGD, Adagrad)"));
+                                 "' (known: Adam, AdamW, CPUAdam, Lamb, SGD, Adagrad)"));
   check_common(cfg, adam_like || type == "lamb");
   const auto betas = std::make_tuple(cfg.beta1, cfg.beta2);
 
@@ -236,8 +238,9 @@ class TorchOptimizer final : public Optimizer {
 }  // namespace
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, std::vector<ParamGroup> groups) {
-  auto opt = build_torch(cfg, groups);
   const std::string type = lower(cfg.type);
+  if (type == "cpuadam") return make_cpu_adam(cfg, std::move(groups));
+  auto opt = build_torch(cfg, groups);
   if (type == "adam" && !cfg.adam_w_mode)
     return std::make_unique<TorchOptimizer<torch::optim::AdamParamState>>(cfg.type, std::move(opt), std::move(groups));
   if (type == "adam" || type == "adamw")

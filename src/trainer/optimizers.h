@@ -60,6 +60,7 @@ class Optimizer {
 ///   "AdamW", or "Adam" with adam_w_mode -> torch::optim::AdamW (decoupled decay)
 ///   "Adam" with adam_w_mode=false       -> torch::optim::Adam (L2 decay added to the gradient)
 ///   "SGD" -> torch::optim::SGD, "Adagrad" -> torch::optim::Adagrad, "Lamb" -> polytrain::Lamb
+///   "CPUAdam" -> DeepSpeed's CPU Adam (cpu_adam.h: vectorised, threaded; fp32 CPU parameters)
 /// bias_correction=false is honoured by Lamb (its `debias`) and is an InputError for Adam/AdamW,
 /// whose libtorch implementations always correct (as torch.optim's do). Other bad values
 /// (unknown type, negative lr, beta outside [0, 1), amsgrad outside Adam) are InputError

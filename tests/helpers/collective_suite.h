@@ -1,6 +1,6 @@
 // The collective suite every CPU communicator must pass, run by each rank of a group
 // (threads for Gloo, mpirun processes for MPI): all_reduce (sum, avg, max), reduce_scatter,
-// all_gather, broadcast, barrier, async overlap and split, over sizes 0 .. 1e6 that do not
+// all_gather, broadcast, reduce, barrier, async overlap and split, over sizes 0 .. 1e6 that do not
 // divide by the group size, in fp32 and bf16. Values are small integers, exact in bf16, so
 // every comparison is exact.
 #pragma once
@@ -60,6 +60,16 @@ inline void run_collective_suite(Communicator& comm, at::Device dev = at::kCPU) 
       auto b = r == root ? pattern(size, 5, dt, dev) : torch::zeros({size}, torch::TensorOptions(dt).device(dev));
       comm.broadcast(b, root);
       expect_equal(b, pattern(size, 5, dt), "broadcast " + tag);
+
+      // reduce to every root in turn (the root's buffer only is defined afterwards), sum and avg.
+      for (int to = 0; to < n; ++to) {
+        auto red = base * (r + 1);
+        comm.reduce(red, to, ReduceOp::kSum);
+        if (r == to) expect_equal(red, base * tri, "reduce sum to " + std::to_string(to) + " " + tag);
+        red = base * (r + 1);
+        comm.reduce(red, to, ReduceOp::kAvg);
+        if (r == to) expect_equal(red, base.to(torch::kDouble) * (tri / n), "reduce avg " + tag);
+      }
     }
   }
   // Two collectives in flight at once, waited in reverse order.

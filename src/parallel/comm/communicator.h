@@ -1,5 +1,5 @@
 // The Communicator: the collectives every multi-process backend stands on (all_reduce,
-// reduce_scatter, all_gather, broadcast, barrier, sub-groups), sync or async, over an
+// reduce_scatter, all_gather, broadcast, reduce, barrier, sub-groups), sync or async, over an
 // existing engine: Gloo (libtorch c10d, CPU), Open MPI (CPU, under mpirun), NCCL (CUDA).
 // This header is engine-free; make_communicator() picks one. No collective algorithm lives
 // here: where an engine lacks an operation, each implementation states its fallback.
@@ -40,6 +40,9 @@ class Communicator {
   virtual std::unique_ptr<CommWork> all_gather_async(at::Tensor& out, const at::Tensor& in) = 0;
   /// `t` takes root's value on every rank.
   virtual std::unique_ptr<CommWork> broadcast_async(at::Tensor& t, int root) = 0;
+  /// Root's `t` becomes the reduction of every rank's `t` (in place, contiguous); the other
+  /// ranks' `t` may be used as scratch and is undefined afterwards.
+  virtual std::unique_ptr<CommWork> reduce_async(at::Tensor& t, int root, ReduceOp op) = 0;
   virtual void barrier() = 0;
 
   /// The ranks with the same `color` form a new communicator, ordered by (key, rank), as
@@ -52,6 +55,7 @@ class Communicator {
   }
   void all_gather(at::Tensor& out, const at::Tensor& in) { all_gather_async(out, in)->wait(); }
   void broadcast(at::Tensor& t, int root = 0) { broadcast_async(t, root)->wait(); }
+  void reduce(at::Tensor& t, int root, ReduceOp op = ReduceOp::kSum) { reduce_async(t, root, op)->wait(); }
 };
 
 struct CommOptions {

@@ -4,9 +4,10 @@
 //   - avg: sum, then divide by the group size;
 //   - bf16 (and other unsupported types): the collective runs on an fp32 copy, the result is
 //     rounded back once (a sum in fp32 is also more accurate than one in bf16);
-//   - reduce_scatter: all_reduce of the whole input, then each rank keeps its block
-//     (twice the traffic of a real reduce-scatter; MPI and NCCL have the real one);
-//   - flat all_gather: the output is split into per-rank views that Gloo writes into.
+//   - reduce_scatter: one `reduce` per rank on its block of a copy of the input (a block's
+//     owner receives it; an all_reduce of everything would move twice the bytes);
+//   - flat all_gather: each rank's block is broadcast in place from its owner (measured on
+//     loopback, 64 MiB over 2 ranks: 29 ms, against 844 ms for Gloo's list allgather).
 #include "polytrain/parallel/comm/gloo_communicator.h"
 
 // c10d declares ProcessGroupGloo only when this is set (libtorch's own build sets it).
@@ -55,6 +56,22 @@ class DoneWork : public CommWork {
   std::function<void()> then_;
 };
 
+// Several collectives that finish as one (a fallback made of per-rank operations).
+class ManyWork : public CommWork {
+ public:
+  ManyWork(std::vector<std::unique_ptr<CommWork>> parts, std::function<void()> then)
+      : parts_(std::move(parts)), then_(std::move(then)) {}
+  void wait() override {
+    for (auto& p : parts_) p->wait();
+    parts_.clear();
+    if (then_) std::exchange(then_, {})();
+  }
+
+ private:
+  std::vector<std::unique_ptr<CommWork>> parts_;
+  std::function<void()> then_;
+};
+
 c10d::ReduceOp to_c10d(ReduceOp op) {
   return op == ReduceOp::kMax ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
 }
@@ -99,17 +116,20 @@ class GlooCommunicator : public Communicator {
   std::unique_ptr<CommWork> reduce_scatter_async(at::Tensor& out, const at::Tensor& in, ReduceOp op) override {
     PT_CHECK(in.numel() == out.numel() * size_, "reduce_scatter: input has ", in.numel(), " elements, expected ",
              out.numel(), " x ", size_);
-    if (out.numel() == 0) return std::make_unique<DoneWork>();
-    // Fallback (file comment): reduce everything, keep this rank's block.
+    const int64_t n = out.numel();
+    if (n == 0) return std::make_unique<DoneWork>();
+    // Fallback (file comment): a copy of the input (reduce uses it as scratch), one reduce per block.
     at::Tensor whole = in.to(gloo_dtype(in.scalar_type()) ? in.scalar_type() : at::kFloat, false, true).contiguous();
-    std::vector<at::Tensor> v{whole};
-    c10d::AllreduceOptions o;
-    o.reduceOp = to_c10d(op);
-    auto work = pg_->allreduce(v, o);
-    const int n = size_, r = rank_;
-    return wrap(work, "reduce_scatter", [out, whole, op, n, r]() mutable {
-      auto mine = whole.reshape({-1}).narrow(0, r * out.numel(), out.numel());
-      if (op == ReduceOp::kAvg) mine.div_(n);
+    whole = whole.view({-1});
+    std::vector<std::unique_ptr<CommWork>> parts;
+    for (int r = 0; r < size_; ++r) {
+      at::Tensor block = whole.narrow(0, r * n, n);
+      parts.push_back(reduce_async(block, r, op == ReduceOp::kMax ? ReduceOp::kMax : ReduceOp::kSum));
+    }
+    const int size = size_, r = rank_;
+    return std::make_unique<ManyWork>(std::move(parts), [out, whole, op, n, size, r]() mutable {
+      auto mine = whole.narrow(0, r * n, n);
+      if (op == ReduceOp::kAvg) mine.div_(size);
       out.view({-1}).copy_(mine);
     });
   }
@@ -118,15 +138,18 @@ class GlooCommunicator : public Communicator {
     PT_CHECK(out.numel() == in.numel() * size_, "all_gather: output has ", out.numel(), " elements, expected ",
              in.numel(), " x ", size_);
     PT_CHECK(out.is_contiguous(), "all_gather needs a contiguous output");
-    if (in.numel() == 0) return std::make_unique<DoneWork>();
-    const bool native = gloo_dtype(in.scalar_type());
-    at::Tensor src = (native ? in : in.to(at::kFloat)).contiguous().view({-1});
-    at::Tensor dst = native ? out.view({-1}) : at::empty({out.numel()}, src.options());
-    std::vector<std::vector<at::Tensor>> outs(1);
-    for (int r = 0; r < size_; ++r) outs[0].push_back(dst.narrow(0, r * in.numel(), in.numel()));
-    std::vector<at::Tensor> ins{src};
-    auto work = pg_->allgather(outs, ins);
-    return wrap(work, "all_gather", [out, dst, native]() mutable {
+    const int64_t n = in.numel();
+    if (n == 0) return std::make_unique<DoneWork>();
+    // Fallback (file comment): this rank's block copied in place, every block broadcast by its owner.
+    const bool native = gloo_dtype(in.scalar_type()) && in.scalar_type() == out.scalar_type();
+    at::Tensor dst = native ? out.view({-1}) : at::empty({out.numel()}, in.options().dtype(at::kFloat));
+    dst.narrow(0, rank_ * n, n).copy_(in.reshape({-1}));
+    std::vector<std::unique_ptr<CommWork>> parts;
+    for (int r = 0; r < size_; ++r) {
+      at::Tensor block = dst.narrow(0, r * n, n);
+      parts.push_back(broadcast_async(block, r));
+    }
+    return std::make_unique<ManyWork>(std::move(parts), [out, dst, native]() mutable {
       if (!native) out.view({-1}).copy_(dst);
     });
   }
@@ -140,6 +163,24 @@ class GlooCommunicator : public Communicator {
     o.rootRank = root;
     auto work = pg_->broadcast(v, o);
     return wrap(work, cat("broadcast from rank ", root), [t, buf]() mutable {
+      if (!buf.is_same(t)) t.copy_(buf);
+    });
+  }
+
+  std::unique_ptr<CommWork> reduce_async(at::Tensor& t, int root, ReduceOp op) override {
+    PT_CHECK(t.is_contiguous(), "reduce needs a contiguous tensor");
+    if (t.numel() == 0) return std::make_unique<DoneWork>();
+    at::Tensor buf = gloo_dtype(t.scalar_type()) ? t : t.to(at::kFloat);
+    std::vector<at::Tensor> v{buf};
+    c10d::ReduceOptions o;
+    o.reduceOp = to_c10d(op);
+    o.rootRank = root;
+    auto work = pg_->reduce(v, o);
+    const int n = size_;
+    const bool at_root = rank_ == root;
+    return wrap(work, cat("reduce to rank ", root), [t, buf, op, n, at_root]() mutable {
+      if (!at_root) return;
+      if (op == ReduceOp::kAvg) buf.div_(n);
       if (!buf.is_same(t)) t.copy_(buf);
     });
   }

@@ -160,6 +160,22 @@ class MpiCommunicator : public Communicator {
     return work(req, cat("broadcast from rank ", root), [t]() {});
   }
 
+  std::unique_ptr<CommWork> reduce_async(at::Tensor& t, int root, ReduceOp op) override {
+    PT_CHECK(t.is_contiguous(), "reduce needs a contiguous tensor");
+    at::Tensor buf = native(t) ? t : t.to(at::kFloat);
+    const bool at_root = rank_ == root;
+    MPI_Request req;
+    check(MPI_Ireduce(at_root ? MPI_IN_PLACE : buf.data_ptr(), buf.data_ptr(), count_of(buf), mpi_type(buf.scalar_type()),
+                      mpi_op(op), root, comm_, &req),
+          "MPI_Ireduce");
+    const int n = size_;
+    return work(req, cat("reduce to rank ", root), [t, buf, op, n, at_root]() mutable {
+      if (!at_root) return;
+      if (op == ReduceOp::kAvg) buf.div_(n);
+      if (!buf.is_same(t)) t.copy_(buf);
+    });
+  }
+
   void barrier() override {
     MPI_Request req;
     check(MPI_Ibarrier(comm_, &req), "MPI_Ibarrier");

@@ -81,6 +81,14 @@ class NcclCommunicator : public Communicator {
     o.rootRank = root;
     return wrap(pg_->broadcast(v, o), cat("broadcast from rank ", root));
   }
+  std::unique_ptr<CommWork> reduce_async(at::Tensor& t, int root, ReduceOp op) override {
+    if (t.numel() == 0) return std::make_unique<NoWork>();
+    std::vector<at::Tensor> v{t};
+    c10d::ReduceOptions o;
+    o.reduceOp = to_c10d(op);
+    o.rootRank = root;
+    return wrap(pg_->reduce(v, o), cat("reduce to rank ", root));
+  }
   void barrier() override { wrap(pg_->barrier(), "barrier")->wait(); }
 
   std::unique_ptr<Communicator> split(int color, int key) override {

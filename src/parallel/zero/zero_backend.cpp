@@ -1,0 +1,603 @@
+// ZeroBackend (see zero_backend.h): flat partitioned buffers, the bucketed reductions of
+// stages 0-2, the partition update (CPU Adam on CPU memory, the same math in tensor ops on a
+// GPU), the in-place parameter gather, and checkpoints by parameter slice that load at any
+// data-parallel size.
+#include "polytrain/parallel/zero/zero_backend.h"
+
+#include "polytrain/parallel/zero/zero_export.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <unordered_set>
+
+#include <nlohmann/json.hpp>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/nn/module.h>
+#include <torch/serialize/archive.h>
+#include <torch/torch.h>
+
+#include "polytrain/common/error.h"
+#include "polytrain/parallel/comm/rank_ops.h"
+#include "polytrain/parallel/replicated_backend.h"
+#include "polytrain/parallel/update.h"
+#include "polytrain/trainer/checkpoint.h"
+#include "polytrain/trainer/cpu_adam.h"
+#include "polytrain/trainer/optimizers.h"
+
+namespace polytrain {
+
+using detail::cat;
+
+struct ZeroBackend::Group {
+  size_t index = 0;
+  double weight_decay = 0.0;
+  at::Tensor flat;        ///< [padded] the parameters' storage (their dtype, the device)
+  at::Tensor flat_part;   ///< the owned partition of flat
+  at::Tensor master;      ///< [part] fp32 master weights (flat_part itself when master_is_view)
+  bool master_is_view = false;
+  at::Tensor exp_avg, exp_avg_sq;  ///< [part] fp32, beside master
+  at::Tensor grad_full;   ///< stage 0/1: [padded] the .grad views' storage
+  at::Tensor grad;        ///< [part] the owned, reduced gradient (a view of grad_full at stage 0/1)
+  at::Tensor master_grad; ///< what the optimizer reads: grad itself, or its fp32 / CPU copy
+  at::Tensor copy_out;    ///< offload with half-precision parameters off the CPU: [part] uint16 (CPU)
+};
+
+struct ZeroBackend::Bucket {
+  std::vector<size_t> params;                       ///< trainable parameter indices
+  std::vector<std::pair<int64_t, int64_t>> ranges;  ///< per group: flat [lo, hi) (empty: lo == hi)
+  std::vector<int64_t> staging_offset;              ///< per group: where its range starts in a reduce buffer
+  int64_t numel = 0;
+  size_t pending = 0;
+};
+
+struct ZeroBackend::InFlight {
+  std::vector<std::unique_ptr<CommWork>> works;
+  struct Mine {
+    size_t group;
+    int64_t staging_offset, part_offset, length;
+  };
+  std::vector<Mine> mine;  ///< stage 2: the reduced slices this rank owns, to add to its gradient
+  at::Tensor staging;
+};
+
+namespace {
+
+// Post-hook of a parameter's AccumulateGrad node (stage 2): reports the gradient as complete.
+// It reaches the backend through a slot the backend clears when destroyed (the autograd graph
+// can outlive it).
+struct ZeroGradHook : torch::autograd::FunctionPostHook {
+  ZeroGradHook(std::shared_ptr<ZeroBackend*> owner, size_t index) : owner_(std::move(owner)), index_(index) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    if (*owner_ != nullptr) (*owner_)->grad_ready(index_);
+    return outputs;
+  }
+  std::shared_ptr<ZeroBackend*> owner_;
+  size_t index_;
+};
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+// DeepSpeed's Adam / AdamW over the owned fp32 partitions: the CPU kernel (cpu_adam.h) when
+// the master weights are in CPU memory, the same formula in tensor ops on a GPU. Writes the
+// updated weights back into the parameters' partition (fused into the kernel as bf16 / fp16
+// when the parameters are half precision).
+class PartitionAdam final : public Optimizer {
+ public:
+  struct Slot {
+    at::Tensor master, exp_avg, exp_avg_sq, flat_part, copy_out;
+    bool master_is_view = false;
+    double weight_decay = 0.0;
+  };
+  PartitionAdam(const OptimizerConfig& cfg, std::vector<Slot> slots) : slots_(std::move(slots)) {
+    name_ = cfg.type;
+    lr_ = cfg.lr;
+    beta1_ = cfg.beta1;
+    beta2_ = cfg.beta2;
+    eps_ = cfg.eps;
+    adam_w_mode_ = lower(cfg.type) == "adamw" || cfg.adam_w_mode;  // Adam and CPUAdam: as configured
+    bias_correction_ = cfg.bias_correction;
+  }
+  std::string name() const override { return name_; }
+  void step() override {
+    ++step_;
+    for (auto& s : slots_) update(s);
+  }
+  void zero_grad() override {
+    for (auto& s : slots_)
+      if (s.master.grad().defined()) s.master.mutable_grad().zero_();
+  }
+  void set_lr(double lr) override { lr_ = lr; }
+  bool has_beta1() const override { return true; }
+  void set_beta1(double beta1) override {
+    PT_INPUT_CHECK(beta1 >= 0 && beta1 < 1, "momentum (beta1) ", beta1,
+                   " from the schedule is outside [0, 1); check scheduler.params.decay_mom_rate");
+    beta1_ = beta1;
+  }
+  void save(torch::serialize::OutputArchive&) const override {
+    throw InternalError("ZeRO saves its optimizer state by parameter slice (ZeroBackend::save_shard)");
+  }
+  void load(torch::serialize::InputArchive&, const std::string&) override {
+    throw InternalError("ZeRO loads its optimizer state by parameter slice (ZeroBackend::load_shards)");
+  }
+  torch::optim::Optimizer& torch_optimizer() override {
+    throw InternalError("ZeRO's partition optimizer has no libtorch optimizer underneath");
+  }
+  int64_t step_count() const { return step_; }
+  void set_step_count(int64_t s) { step_ = s; }
+
+ private:
+  void update(Slot& s) {
+    const at::Tensor& g = s.master.grad();
+    if (!g.defined() || s.master.numel() == 0) return;
+    cpu_adam::Hyper h;
+    h.lr = static_cast<float>(lr_);
+    h.beta1 = static_cast<float>(beta1_);
+    h.beta2 = static_cast<float>(beta2_);
+    h.eps = static_cast<float>(eps_);
+    h.weight_decay = static_cast<float>(s.weight_decay);
+    h.adam_w_mode = adam_w_mode_;
+    h.bias_correction = bias_correction_;
+    const auto half = s.flat_part.scalar_type();
+    if (s.master.is_cpu()) {
+      // Copy-out fused into the kernel when the parameters are half precision.
+      cpu_adam::CopyOut copy = cpu_adam::CopyOut::kNone;
+      uint16_t* out = nullptr;
+      if (!s.master_is_view && (half == at::kBFloat16 || half == at::kHalf)) {
+        copy = half == at::kBFloat16 ? cpu_adam::CopyOut::kBf16 : cpu_adam::CopyOut::kFp16;
+        at::Tensor dst = s.flat_part.is_cpu() ? s.flat_part : s.copy_out;
+        out = reinterpret_cast<uint16_t*>(dst.data_ptr());
+      }
+      cpu_adam::step(h, step_, s.master.data_ptr<float>(), g.data_ptr<float>(), s.exp_avg.data_ptr<float>(),
+                     s.exp_avg_sq.data_ptr<float>(), s.master.numel(), copy, out);
+      if (s.master_is_view) return;
+      if (copy != cpu_adam::CopyOut::kNone) {
+        if (!s.flat_part.is_cpu()) s.flat_part.copy_(s.copy_out.view(half));  // 2 bytes per parameter
+      } else {
+        s.flat_part.copy_(s.master);
+      }
+      return;
+    }
+    adam_torch(h, s.master, g, s.exp_avg, s.exp_avg_sq);
+    if (!s.master_is_view) s.flat_part.copy_(s.master);
+  }
+
+  // The kernel's formula in tensor ops (for master weights on a GPU).
+  void adam_torch(const cpu_adam::Hyper& h, at::Tensor& p, const at::Tensor& grad, at::Tensor& m, at::Tensor& v) {
+    torch::NoGradGuard no_grad;
+    const double bc1 = h.bias_correction ? 1.0 - std::pow(beta1_, step_) : 1.0;
+    const double bc2 = h.bias_correction ? 1.0 - std::pow(beta2_, step_) : 1.0;
+    const double step_size = lr_ / bc1;
+    at::Tensor g = grad;
+    if (h.weight_decay > 0 && !h.adam_w_mode) g = grad.add(p, h.weight_decay);
+    m.mul_(beta1_).add_(g, 1.0 - beta1_);
+    v.mul_(beta2_).addcmul_(g, g, 1.0 - beta2_);
+    at::Tensor denom = v.sqrt().div_(std::sqrt(bc2)).add_(eps_);
+    if (h.weight_decay > 0 && h.adam_w_mode) p.add_(p, -lr_ * h.weight_decay);
+    p.addcdiv_(m, denom, -step_size);
+  }
+
+  std::vector<Slot> slots_;
+  std::string name_;
+  double lr_ = 1e-3, beta1_ = 0.9, beta2_ = 0.999, eps_ = 1e-8;
+  bool adam_w_mode_ = true, bias_correction_ = true;
+  int64_t step_ = 0;
+};
+
+}  // namespace
+
+ZeroBackend::ZeroBackend(const Config& cfg, std::unique_ptr<Communicator> comm)
+    : comm_(std::move(comm)), alive_(std::make_shared<ZeroBackend*>(this)) {
+  const auto& t = cfg.trainer;
+  const auto& z = cfg.zero_optimization;
+  ctx_.device = parse_device(t.pytorch_device);
+  stage_ = z.stage;
+  PT_INPUT_CHECK(stage_ != 3, "zero_optimization.stage 3 (parameter partitioning) is not available in this build "
+                              "yet; use stage 0, 1 or 2");
+  const auto& off = z.offload_optimizer;
+  PT_INPUT_CHECK(off.device != "nvme", "zero_optimization.offload_optimizer.device 'nvme' is not available in this "
+                                       "build; use 'cpu' or 'none'");
+  offload_ = off.device == "cpu";
+  PT_INPUT_CHECK(!offload_ || stage_ >= 1, "zero_optimization.offload_optimizer needs stage 1 or 2, got stage ", stage_);
+  PT_INPUT_CHECK(z.offload_param.device == "none", "zero_optimization.offload_param needs stage 3, which is not "
+                                                   "available in this build yet");
+  pin_memory_ = off.pin_memory;
+  overlap_ = z.overlap_comm;
+  reduce_bucket_ = z.reduce_bucket_size;
+  allgather_bucket_ = z.allgather_bucket_size;
+  micro_ = cfg.batch.train_micro_batch_size_per_gpu;
+  accumulation_ = cfg.batch.gradient_accumulation_steps;
+  global_batch_ = cfg.batch.train_batch_size;
+  clip_ = cfg.gradient_clipping;
+  if (!comm_) comm_ = world_communicator(t, ctx_.device);
+  set_data_parallel_context(ctx_, *comm_);
+  owners_ = stage_ == 0 ? 1 : ctx_.dp_size;
+  owner_ = stage_ == 0 ? 0 : ctx_.dp_rank;
+}
+
+ZeroBackend::~ZeroBackend() {
+  *alive_ = nullptr;
+  for (auto& f : flight_)
+    if (f)
+      for (auto& w : f->works) w.reset();  // waits for collectives still writing
+}
+
+int64_t ZeroBackend::next_micro_batch(int64_t micro_steps_done, int64_t /*samples_done*/) const {
+  return micro_steps_done < accumulation_ ? micro_ : 0;
+}
+
+void ZeroBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Config& cfg) {
+  const std::string type = lower(cfg.optimizer.type);
+  PT_INPUT_CHECK(type == "adam" || type == "adamw" || type == "cpuadam", "optimizer.type '", cfg.optimizer.type,
+                 "' cannot be sharded by env_type deepspeed (ZeRO partitions Adam/AdamW state by element; ",
+                 type == "lamb" ? "LAMB's trust ratio needs whole parameters" : "use Adam or AdamW",
+                 "): use Adam/AdamW, or env_type pytorchDDP");
+  PT_INPUT_CHECK(!cfg.optimizer.amsgrad, "optimizer.params.amsgrad is not supported by env_type deepspeed");
+  PT_INPUT_CHECK(cfg.optimizer.lr >= 0, "optimizer.params.lr must be >= 0, got ", cfg.optimizer.lr);
+  PT_INPUT_CHECK(cfg.optimizer.beta1 >= 0 && cfg.optimizer.beta1 < 1 && cfg.optimizer.beta2 >= 0 &&
+                     cfg.optimizer.beta2 < 1,
+                 "optimizer.params.betas must be in [0, 1), got [", cfg.optimizer.beta1, ", ", cfg.optimizer.beta2, "]");
+  model_ = std::move(model);
+  model_->to(ctx_.device);
+  broadcast_module_state(*comm_, *model_);  // every rank starts from rank 0's weights
+
+  NamedParams named;
+  for (const auto& item : model_->named_parameters(/*recurse=*/true)) named.emplace_back(item.key(), item.value());
+  std::vector<ParamGroup> split = split_by_decay(cfg.optimizer, named);
+  // Registration order over the groups (split_by_decay keeps it within each group).
+  std::map<const void*, std::pair<size_t, size_t>> where;
+  for (size_t g = 0; g < split.size(); ++g)
+    for (size_t e = 0; e < split[g].params.size(); ++e) where[split[g].params[e].second.unsafeGetTensorImpl()] = {g, e};
+  at::ScalarType dtype = split.front().params.front().second.scalar_type();
+  std::unordered_set<const void*> seen;
+  for (const auto& [name, p] : named) {
+    auto it = where.find(p.unsafeGetTensorImpl());
+    if (it == where.end() || !seen.insert(p.unsafeGetTensorImpl()).second) continue;
+    PT_INPUT_CHECK(p.scalar_type() == dtype, "env_type deepspeed: trainable parameters must share one dtype; '", name,
+                   "' is ", c10::toString(p.scalar_type()), ", others ", c10::toString(dtype));
+    params_.push_back(p);
+    group_of_.push_back(it->second.first);
+    entry_of_.push_back(it->second.second);
+  }
+  const bool half = dtype == at::kBFloat16 || dtype == at::kHalf;
+  PT_INPUT_CHECK(dtype == at::kFloat || half, "env_type deepspeed: parameters of dtype ", c10::toString(dtype),
+                 " are not supported (float, bfloat16, half)");
+  const auto cpu = torch::TensorOptions().dtype(torch::kFloat).device(torch::kCPU);
+  const auto dev = torch::TensorOptions().dtype(dtype).device(ctx_.device);
+  const auto opt_dev = torch::TensorOptions().dtype(torch::kFloat).device(offload_ ? c10::Device(c10::kCPU) : ctx_.device);
+  const bool pin = pin_memory_ && ctx_.device.is_cuda();
+
+  std::vector<PartitionAdam::Slot> slots;
+  torch::NoGradGuard no_grad;
+  for (size_t g = 0; g < split.size(); ++g) {
+    std::vector<std::string> names;
+    std::vector<std::vector<int64_t>> shapes;
+    for (const auto& [n, p] : split[g].params) {
+      names.push_back(n);
+      shapes.push_back(p.sizes().vec());
+    }
+    layouts_.push_back(make_zero_layout(names, shapes, owners_));
+    const ZeroLayout& l = layouts_.back();
+    auto grp = std::make_unique<Group>();
+    grp->index = g;
+    grp->weight_decay = split[g].weight_decay;
+    grp->flat = torch::zeros({l.padded}, dev);
+    if (stage_ <= 1) grp->grad_full = torch::zeros({l.padded}, dev);
+    for (size_t e = 0; e < l.entries.size(); ++e) {
+      at::Tensor p = split[g].params[e].second;
+      const auto& en = l.entries[e];
+      at::Tensor view = grp->flat.narrow(0, en.offset, en.numel);
+      view.copy_(p.reshape({-1}));
+      p.set_data(view.view(p.sizes()));  // the parameter now lives in the flat buffer
+      if (stage_ <= 1) p.mutable_grad() = grp->grad_full.narrow(0, en.offset, en.numel).view(p.sizes());
+      else p.mutable_grad() = at::Tensor();
+    }
+    grp->flat_part = grp->flat.narrow(0, l.begin_of(owner_), l.part);
+    grp->master_is_view = !offload_ && !half;
+    grp->master = grp->master_is_view ? grp->flat_part : grp->flat_part.to(opt_dev, /*non_blocking=*/false, /*copy=*/true);
+    if (offload_ && pin) grp->master = grp->master.pin_memory();
+    grp->exp_avg = torch::zeros({l.part}, opt_dev);
+    grp->exp_avg_sq = torch::zeros({l.part}, opt_dev);
+    grp->grad = stage_ <= 1 ? grp->grad_full.narrow(0, l.begin_of(owner_), l.part)
+                            : torch::zeros({l.part}, torch::TensorOptions().dtype(torch::kFloat).device(ctx_.device));
+    if (offload_) {
+      grp->master_grad = torch::zeros({l.part}, cpu);
+      if (pin) grp->master_grad = grp->master_grad.pin_memory();
+    } else {
+      grp->master_grad = grp->grad.scalar_type() == torch::kFloat ? grp->grad : torch::zeros({l.part}, opt_dev);
+    }
+    if (offload_ && half && !ctx_.device.is_cpu()) {
+      grp->copy_out = torch::zeros({l.part}, torch::TensorOptions().dtype(torch::kShort));
+      if (pin) grp->copy_out = grp->copy_out.pin_memory();
+    }
+    grp->master.mutable_grad() = grp->master_grad;
+    masters_.push_back(grp->master);
+    slots.push_back(PartitionAdam::Slot{grp->master, grp->exp_avg, grp->exp_avg_sq, grp->flat_part, grp->copy_out,
+                                        grp->master_is_view, grp->weight_decay});
+    groups_.push_back(std::move(grp));
+  }
+  optimizer_ = std::make_unique<PartitionAdam>(cfg.optimizer, std::move(slots));
+
+  // Buckets in reverse registration order (roughly the order backward produces gradients),
+  // about reduce_bucket_size elements each. Within a group, reverse registration order walks
+  // its entries downward one by one, so each bucket covers one contiguous range per group.
+  bucket_of_.assign(params_.size(), 0);
+  for (size_t k = params_.size(); k-- > 0;) {
+    if (buckets_.empty() || buckets_.back()->numel >= reduce_bucket_) {
+      buckets_.push_back(std::make_unique<Bucket>());
+      buckets_.back()->ranges.assign(groups_.size(), {0, 0});
+    }
+    Bucket& b = *buckets_.back();
+    const auto& en = layouts_[group_of_[k]].entries[entry_of_[k]];
+    auto& r = b.ranges[group_of_[k]];
+    if (r.first == r.second) r = {en.offset, en.offset + en.numel};
+    else r.first = en.offset;  // entries come downward and adjacent
+    b.params.push_back(k);
+    b.numel += en.numel;
+    bucket_of_[k] = buckets_.size() - 1;
+  }
+  int64_t largest = 0;
+  for (auto& b : buckets_) {
+    int64_t off = 0;
+    for (const auto& r : b->ranges) {
+      b->staging_offset.push_back(off);
+      off += r.second - r.first;
+    }
+    largest = std::max(largest, b->numel);
+  }
+  ready_.assign(params_.size(), 0);
+  if (stage_ == 2) {
+    // One reduce buffer, two when reductions overlap backward (one fills while one is reduced).
+    for (int s = 0; s < (overlap_ ? 2 : 1); ++s) staging_.push_back(torch::zeros({largest}, dev));
+    flight_.resize(staging_.size());
+    for (size_t k = 0; k < params_.size(); ++k) {
+      auto acc = torch::autograd::impl::grad_accumulator(params_[k]);
+      acc->add_post_hook(std::make_unique<ZeroGradHook>(alive_, k));
+    }
+  } else {
+    flight_.resize(buckets_.size());
+  }
+}
+
+void ZeroBackend::grad_ready(size_t param) {
+  if (!armed_ || ready_[param]) return;
+  ready_[param] = 1;
+  --buckets_[bucket_of_[param]]->pending;
+  if (!overlap_) return;
+  // Launch in bucket order only, so every rank issues the same collectives in the same order
+  // whatever order its gradients arrive in.
+  while (next_launch_ < buckets_.size() && buckets_[next_launch_]->pending == 0) launch(next_launch_++);
+}
+
+void ZeroBackend::launch_remaining() {
+  while (next_launch_ < buckets_.size()) launch(next_launch_++);
+}
+
+void ZeroBackend::launch(size_t bi) {
+  Bucket& b = *buckets_[bi];
+  auto f = std::make_unique<InFlight>();
+  at::Tensor staging;
+  size_t slot = bi;
+  if (stage_ == 2) {
+    slot = bi % staging_.size();
+    drain(slot);
+    staging = staging_[slot];
+    torch::NoGradGuard no_grad;
+    for (size_t k : b.params) {
+      const size_t g = group_of_[k];
+      const auto& en = layouts_[g].entries[entry_of_[k]];
+      at::Tensor dst = staging.narrow(0, b.staging_offset[g] + en.offset - b.ranges[g].first, en.numel);
+      at::Tensor& grad = params_[k].mutable_grad();
+      if (grad.defined()) dst.copy_(grad.reshape({-1}));
+      else dst.zero_();  // no gradient this micro-step (DeepSpeed's ignore_unused_parameters)
+      grad = at::Tensor();  // freed: only the owned partition is kept
+    }
+    f->staging = staging;
+  }
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const int64_t lo = b.ranges[g].first, hi = b.ranges[g].second;
+    if (lo == hi) continue;
+    const ZeroLayout& l = layouts_[g];
+    // The source of the range: the flat gradient (stage 0/1) or the reduce buffer (stage 2).
+    auto source = [&](int64_t a, int64_t n) {
+      return stage_ == 2 ? staging.narrow(0, b.staging_offset[g] + a - lo, n) : groups_[g]->grad_full.narrow(0, a, n);
+    };
+    if (stage_ == 0) {
+      at::Tensor t = source(lo, hi - lo);
+      f->works.push_back(comm_->all_reduce_async(t, ReduceOp::kSum));
+      continue;
+    }
+    for (int64_t r = lo / l.part; r < owners_ && l.begin_of(r) < hi; ++r) {
+      const int64_t a = std::max(lo, l.begin_of(r)), e = std::min(hi, l.begin_of(r) + l.part);
+      if (e <= a) continue;
+      at::Tensor t = source(a, e - a);
+      f->works.push_back(comm_->reduce_async(t, static_cast<int>(r), ReduceOp::kSum));
+      if (r == owner_ && stage_ == 2)
+        f->mine.push_back(InFlight::Mine{g, b.staging_offset[g] + a - lo, a - l.begin_of(r), e - a});
+    }
+  }
+  flight_[slot] = std::move(f);
+}
+
+void ZeroBackend::drain(size_t slot) {
+  auto& f = flight_[slot];
+  if (!f) return;
+  for (auto& w : f->works) w->wait();
+  torch::NoGradGuard no_grad;
+  for (const auto& m : f->mine)
+    groups_[m.group]->grad.narrow(0, m.part_offset, m.length).add_(f->staging.narrow(0, m.staging_offset, m.length));
+  f.reset();
+}
+
+void ZeroBackend::backward(const at::Tensor& loss, const MicroStep& m) {
+  if (stage_ == 2) {  // every micro-step reduces its gradients into their owners' partitions
+    std::fill(ready_.begin(), ready_.end(), 0);
+    for (auto& b : buckets_) b->pending = b->params.size();
+    next_launch_ = 0;
+    armed_ = true;
+    loss.backward();
+    armed_ = false;
+    launch_remaining();
+    return;
+  }
+  loss.backward();  // stage 0/1: accumulates into the flat gradient
+  if (m.sync)
+    for (size_t b = 0; b < buckets_.size(); ++b) launch(b);
+}
+
+void ZeroBackend::gather_params() {
+  if (owners_ == 1) return;
+  std::vector<std::unique_ptr<CommWork>> works;
+  for (auto& g : groups_) {
+    const ZeroLayout& l = layouts_[g->index];
+    for (int64_t r = 0; r < owners_; ++r)
+      for (int64_t c = 0; c < l.part; c += allgather_bucket_) {
+        at::Tensor t = g->flat.narrow(0, l.begin_of(r) + c, std::min(allgather_bucket_, l.part - c));
+        works.push_back(comm_->broadcast_async(t, static_cast<int>(r)));
+      }
+  }
+  for (auto& w : works) w->wait();
+}
+
+StepResult ZeroBackend::step(const StepRequest& request, int64_t step) {
+  for (size_t s = 0; s < flight_.size(); ++s) drain(s);
+  torch::NoGradGuard no_grad;
+  const double dp = static_cast<double>(ctx_.dp_size);
+  for (auto& g : groups_) {
+    g->grad.div_(dp);  // the sum over the data-parallel ranks -> their mean
+    if (!g->master_grad.is_same(g->grad)) g->master_grad.copy_(g->grad);  // to CPU memory / fp32
+  }
+  SquaredNormReducer reduce;
+  if (owners_ > 1) reduce = [this](double sq) { return sum_over_ranks(*comm_, ctx_.device, sq); };
+  const UpdateOutcome u = apply_update(masters_, *optimizer_, update_options(request, clip_), reduce);
+  if (u.applied) gather_params();
+  for (auto& g : groups_) (stage_ <= 1 ? g->grad_full : g->grad).zero_();
+  return step_result(u, step, global_batch_);
+}
+
+double ZeroBackend::reduce_metric(double local_value) { return mean_over_ranks(*comm_, ctx_.device, local_value); }
+
+std::string ZeroBackend::share(const std::string& value) { return share_from_rank0(*comm_, ctx_.device, value); }
+
+void ZeroBackend::load_full_state(torch::nn::Module& model, const NamedTensors& state, const std::string& origin) {
+  Backend::load_full_state(model, state, origin);
+  torch::NoGradGuard no_grad;
+  for (auto& g : groups_)
+    if (!g->master_is_view) g->master.copy_(g->flat_part);
+}
+
+ZeroMemory ZeroBackend::memory() const {
+  ZeroMemory m;
+  auto bytes = [](const at::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; };
+  for (const auto& g : groups_) {
+    m.params += bytes(g->flat);
+    if (!g->master_is_view) m.master += bytes(g->master);
+    m.optimizer_state += bytes(g->exp_avg) + bytes(g->exp_avg_sq);
+    m.gradients += stage_ <= 1 ? bytes(g->grad_full) : bytes(g->grad);
+    if (offload_) m.host_copies += bytes(g->master_grad) + bytes(g->copy_out);
+    else if (!g->master_grad.is_same(g->grad)) m.gradients += bytes(g->master_grad);
+  }
+  for (const auto& s : staging_) m.reduce_buffers += bytes(s);
+  return m;
+}
+
+ZeroBackend::OwnedState ZeroBackend::owned_state() const {
+  OwnedState out;
+  std::vector<at::Tensor> master, m, v;
+  for (const auto& g : groups_) {
+    const ZeroLayout& l = layouts_[g->index];
+    const int64_t base = l.begin_of(owner_);
+    for (const auto& p : l.owned(owner_)) {
+      out.names.push_back(l.entries[p.entry].name);
+      out.begins.push_back(p.param_begin);
+      master.push_back(g->master.narrow(0, p.flat_begin - base, p.length).to(torch::kCPU, torch::kFloat));
+      m.push_back(g->exp_avg.narrow(0, p.flat_begin - base, p.length).cpu());
+      v.push_back(g->exp_avg_sq.narrow(0, p.flat_begin - base, p.length).cpu());
+    }
+  }
+  auto join = [](const std::vector<at::Tensor>& parts) {
+    return parts.empty() ? torch::zeros({0}, torch::kFloat) : torch::cat(parts);
+  };
+  out.master = join(master);
+  out.exp_avg = join(m);
+  out.exp_avg_sq = join(v);
+  out.step = static_cast<const PartitionAdam&>(*optimizer_).step_count();
+  return out;
+}
+
+// Shard layout: "zero_format" = 1, "step", "pieces" (JSON: [[name, shape, begin, length], ...]
+// in the order of the tensors), and "master", "exp_avg", "exp_avg_sq": the owned slices
+// concatenated, padding left out. Nothing in it depends on the number of ranks that wrote it.
+void ZeroBackend::save_shard(torch::serialize::OutputArchive& archive) {
+  const OwnedState s = owned_state();
+  nlohmann::json pieces = nlohmann::json::array();
+  size_t i = 0;
+  for (const auto& g : groups_) {
+    const ZeroLayout& l = layouts_[g->index];
+    for (const auto& p : l.owned(owner_)) {
+      pieces.push_back({l.entries[p.entry].name, l.entries[p.entry].shape, p.param_begin, p.length});
+      ++i;
+    }
+  }
+  PT_CHECK(i == s.names.size(), "zero: ", i, " pieces for ", s.names.size(), " names");
+  archive.write("zero_format", c10::IValue(int64_t{1}));
+  archive.write("step", torch::tensor({s.step}, torch::kLong));
+  archive.write("pieces", c10::IValue(pieces.dump()));
+  archive.write("master", s.master);
+  archive.write("exp_avg", s.exp_avg);
+  archive.write("exp_avg_sq", s.exp_avg_sq);
+}
+
+void ZeroBackend::load_shards(ShardReader& reader) {
+  PT_INPUT_CHECK(reader.env_type() == "deepspeed", reader.origin(), ": optimizer state saved by env_type '",
+                 reader.env_type(), "' cannot be loaded by env_type deepspeed (ZeRO keeps Adam state by parameter "
+                 "slice); resume with env_type '", reader.env_type(), "', or start from the model weights alone");
+  std::map<std::string, std::pair<size_t, size_t>> by_name;  // group, entry
+  for (size_t g = 0; g < layouts_.size(); ++g)
+    for (size_t e = 0; e < layouts_[g].entries.size(); ++e) by_name[layouts_[g].entries[e].name] = {g, e};
+  std::vector<std::vector<int64_t>> covered(layouts_.size());
+  for (size_t g = 0; g < layouts_.size(); ++g) covered[g].assign(layouts_[g].entries.size(), 0);
+  torch::NoGradGuard no_grad;
+  // Each saved slice: the part of it inside this rank's partition, whatever layout saved it.
+  const int64_t step = for_each_zero_piece(reader, [&](const ZeroPiece& pc) {
+    auto it = by_name.find(pc.name);
+    PT_INPUT_CHECK(it != by_name.end(), pc.origin, ": optimizer state for parameter '", pc.name,
+                   "', which this model does not train");
+    const size_t g = it->second.first, e = it->second.second;
+    const ZeroLayout& l = layouts_[g];
+    const auto& en = l.entries[e];
+    PT_INPUT_CHECK(pc.shape == en.shape, pc.origin, ": parameter '", pc.name, "' saved with shape ",
+                   c10::IntArrayRef(pc.shape), ", the model has ", c10::IntArrayRef(en.shape));
+    const int64_t part_lo = l.begin_of(owner_), part_hi = part_lo + l.part;
+    const int64_t a = std::max(en.offset + pc.begin, part_lo), b = std::min(en.offset + pc.begin + pc.length, part_hi);
+    if (b <= a) return;
+    const int64_t from = a - en.offset - pc.begin;
+    Group& grp = *groups_[g];
+    grp.master.narrow(0, a - part_lo, b - a).copy_(pc.master.narrow(0, from, b - a));
+    grp.exp_avg.narrow(0, a - part_lo, b - a).copy_(pc.exp_avg.narrow(0, from, b - a));
+    grp.exp_avg_sq.narrow(0, a - part_lo, b - a).copy_(pc.exp_avg_sq.narrow(0, from, b - a));
+    covered[g][e] += b - a;
+  });
+  for (size_t g = 0; g < layouts_.size(); ++g) {
+    const ZeroLayout& l = layouts_[g];
+    for (size_t e = 0; e < l.entries.size(); ++e) {
+      const auto& en = l.entries[e];
+      const int64_t want = std::max<int64_t>(
+          0, std::min(en.offset + en.numel, l.begin_of(owner_) + l.part) - std::max(en.offset, l.begin_of(owner_)));
+      PT_INPUT_CHECK(covered[g][e] == want, reader.origin(), ": optimizer state covers ", covered[g][e], " of the ",
+                     want, " elements of parameter '", en.name, "' this rank owns (",
+                     covered[g][e] < want ? "missing from the checkpoint" : "saved more than once", ")");
+    }
+  }
+  static_cast<PartitionAdam&>(*optimizer_).set_step_count(step);
+  for (auto& g : groups_)
+    if (!g->master_is_view) g->flat_part.copy_(g->master);
+  gather_params();
+}
+
+}  // namespace polytrain

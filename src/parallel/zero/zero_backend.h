@@ -1,0 +1,119 @@
+// env_type=deepspeed: ZeRO (Rajbhandari et al., SC 2020) stages 0, 1 and 2 over the data-
+// parallel ranks, with the optimizer optionally offloaded to CPU memory (ZeRO-Offload, Ren et
+// al., USENIX ATC 2021), configured by DeepSpeed's `zero_optimization` block.
+//
+// Per parameter group the trainable parameters become views of one flat buffer (ZeroLayout:
+// padded to ranks x 16 elements, rank r owns partition r). Each rank keeps fp32 master weights
+// (the partition of the flat buffer itself when the parameters are fp32 and not offloaded),
+// Adam moments and the reduced gradient for its partition only, and updates just that.
+//   stage 0: every rank owns everything: gradients all-reduced, no gather (DeepSpeed's stage 0).
+//   stage 1: .grad are views of a full flat gradient buffer (accumulated over micro-steps); at
+//            the accumulation boundary each gradient bucket's slice of partition r is reduced
+//            to rank r.
+//   stage 2: the same reductions, but bucket by bucket during every micro-step's backward: a
+//            bucket's gradients are copied into a reduce buffer and freed, its slices reduced to
+//            their owners, who add them to their gradient partition; only that partition (plus
+//            one or two reduce buffers) is kept. Stage 1 and 2 issue the same reductions, so at
+//            one micro-step per step they produce bit-identical results.
+// After the update each owner's partition is broadcast in place (allgather_bucket_size
+// elements at a time): Gloo has no flat all-gather (see gloo_communicator.cpp). Bytes per step
+// are 2 x the parameters, as DDP's all-reduce. The global gradient norm and the overflow flag
+// come from one all-reduce of the partitions' squared norms (parallel/update.h), so every rank
+// clips and skips alike. Only Adam/AdamW (DeepSpeed's ZeRO + offload optimizers) are sharded;
+// other optimizers are refused with the reason.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "polytrain/parallel/backend.h"
+#include "polytrain/parallel/comm/communicator.h"
+#include "polytrain/parallel/zero/zero_layout.h"
+
+namespace polytrain {
+
+class Optimizer;
+
+/// Bytes this rank holds for the training state, by the backend's own accounting.
+struct ZeroMemory {
+  int64_t params = 0;           ///< the flat parameter buffers (the whole model, every rank)
+  int64_t master = 0;           ///< fp32 master weights kept apart from the parameters (offload, half)
+  int64_t optimizer_state = 0;  ///< Adam moments of the owned partitions
+  int64_t gradients = 0;        ///< gradient buffers kept across steps (full: stage 0/1; partition: stage 2)
+  int64_t reduce_buffers = 0;   ///< stage 2's bucket buffers
+  int64_t host_copies = 0;      ///< offload: the CPU gradient copy (+ half-precision copy-out buffer)
+};
+
+class ZeroBackend : public Backend {
+ public:
+  /// Uses `comm` when given (tests), else the communicator of the launcher's environment.
+  explicit ZeroBackend(const Config& cfg, std::unique_ptr<Communicator> comm = nullptr);
+  ~ZeroBackend() override;
+  std::string name() const override { return "deepspeed"; }
+  const RankContext& context() const override { return ctx_; }
+  void prepare(std::shared_ptr<torch::nn::Module> model, const Config& cfg) override;
+  int64_t samples_per_step() const override { return micro_ * accumulation_; }
+  int64_t next_micro_batch(int64_t micro_steps_done, int64_t samples_done) const override;
+  void backward(const at::Tensor& loss, const MicroStep& m) override;
+  StepResult step(const StepRequest& request, int64_t step) override;
+  double reduce_metric(double local_value) override;
+  void barrier() override { comm_->barrier(); }
+  std::string share(const std::string& value) override;
+  void load_full_state(torch::nn::Module& model, const NamedTensors& state, const std::string& origin) override;
+  bool writes_shard() const override { return stage_ > 0 || ctx_.rank == 0; }
+  void save_shard(torch::serialize::OutputArchive& archive) override;
+  void load_shards(ShardReader& reader) override;
+
+  int stage() const { return stage_; }
+  ZeroMemory memory() const;
+  const std::vector<ZeroLayout>& layouts() const { return layouts_; }
+  /// This rank's optimizer state by parameter slice (tests): master, exp_avg, exp_avg_sq of
+  /// each owned piece in flat order, and the step count.
+  struct OwnedState {
+    std::vector<std::string> names;
+    std::vector<int64_t> begins;
+    at::Tensor master, exp_avg, exp_avg_sq;  ///< the pieces concatenated (padding left out)
+    int64_t step = 0;
+  };
+  OwnedState owned_state() const;
+  size_t bucket_count() const { return buckets_.size(); }
+  /// Called by the gradient hooks (stage 2).
+  void grad_ready(size_t param);
+
+ private:
+  struct Group;
+  struct Bucket;
+  struct InFlight;
+  void launch(size_t bucket);
+  void launch_remaining();
+  void drain(size_t slot);
+  void gather_params();
+
+  std::unique_ptr<Communicator> comm_;
+  RankContext ctx_;
+  int stage_ = 0;
+  int64_t owners_ = 1;  ///< partitions: the data-parallel size (stage 1, 2) or 1 (stage 0)
+  int64_t owner_ = 0;   ///< this rank's partition
+  int64_t micro_ = 1, accumulation_ = 1, global_batch_ = 1;
+  double clip_ = 0.0;
+  bool offload_ = false, pin_memory_ = false, overlap_ = false;
+  int64_t reduce_bucket_ = 0, allgather_bucket_ = 0;
+  std::shared_ptr<torch::nn::Module> model_;
+  std::vector<ZeroLayout> layouts_;
+  std::vector<std::unique_ptr<Group>> groups_;
+  std::vector<std::unique_ptr<Bucket>> buckets_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::vector<at::Tensor> masters_;  ///< what the optimizer steps (one per group)
+  // Trainable parameters in registration order: group, entry, bucket.
+  std::vector<at::Tensor> params_;
+  std::vector<size_t> group_of_, entry_of_, bucket_of_;
+  std::vector<char> ready_;
+  size_t next_launch_ = 0;
+  bool armed_ = false;
+  std::vector<at::Tensor> staging_;                 ///< stage 2 reduce buffers
+  std::vector<std::unique_ptr<InFlight>> flight_;   ///< per staging slot (stage 2) / per bucket (0, 1)
+  std::shared_ptr<ZeroBackend*> alive_;             ///< what the gradient hooks call through
+};
+
+}  // namespace polytrain

@@ -1,0 +1,484 @@
+// env_type deepspeed (ZeRO stages 0-2, CPU offload) against its contract, ranks as real
+// processes over Gloo on loopback (forked, each run with a deadline, ended by pid), through the
+// real Trainer loop:
+//   - stage 0, 1, 2 and 2 + offload at 1, 2, 3 and 4 ranks reproduce the single-process
+//     (env_type pytorch, torch's AdamW) loss trajectory within 1e-5 relative over 50 steps,
+//     with gradient accumulation 2, clipping, a frozen parameter, parameters straddling
+//     partition boundaries and partitions holding only padding;
+//   - stage 1 and stage 2 give bit-identical losses at one micro-step per step;
+//   - saved at 2 ranks, resumed at 1 and 3: the re-sliced optimizer state is bit-identical to
+//     the saved one and the next 5 losses match the uninterrupted run; zero_to_fp32's export
+//     equals the consolidated model bit for bit;
+//   - memory by the backend's accounting against ZeRO's formulas, bytes per step counted by a
+//     wrapper (2 x the parameters, as DDP), one overflow skips on every rank, config errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "polytrain/common/config.h"
+#include "polytrain/common/error.h"
+#include "polytrain/models/safetensors.h"
+#include "polytrain/parallel/comm/counting_communicator.h"
+#include "polytrain/parallel/comm/gloo_communicator.h"
+#include "polytrain/parallel/ddp/ddp_backend.h"
+#include "polytrain/parallel/zero/zero_backend.h"
+#include "polytrain/parallel/zero/zero_export.h"
+#include "polytrain/parallel/zero/zero_layout.h"
+#include "polytrain/trainer/checkpoint.h"
+#include "polytrain/trainer/trainer.h"
+#include "helpers/forked_ranks.h"
+#include "helpers/free_port.h"
+#include "helpers/process.h"
+#include "helpers/temp_dir.h"
+
+using namespace polytrain;
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using polytrain::testing::free_port;
+using polytrain::testing::run_ranks;
+
+namespace {
+
+// Sample i: 4 features of i, a nonlinear target.
+class WaveSource : public BatchSource {
+ public:
+  explicit WaveSource(int64_t n) : n_(n) {}
+  int64_t size() const override { return n_; }
+  Batch make_batch(const std::vector<int64_t>& indices, int64_t /*epoch*/) const override {
+    auto f = torch::tensor(indices, torch::kLong).to(torch::kDouble).unsqueeze(1);
+    auto x = torch::cat({torch::sin(f * 0.7), torch::cos(f * 1.3), torch::sin(f * 0.11 + 1), f.remainder(5) / 5}, 1)
+                 .to(torch::kFloat);
+    Batch b;
+    b.set("x", x);
+    b.set("y", torch::tanh((x * torch::tensor({1.5f, -2.0f, 0.5f, 3.0f})).sum(1, true)) + 0.25);
+    return b;
+  }
+
+ private:
+  int64_t n_;
+};
+
+// 171 trainable elements: weights 150 (decayed), biases 21 (not); a frozen input scale. At 3
+// ranks lin2.weight straddles two partition boundaries and the bias group's third partition
+// is padding only; at 4 ranks two bias partitions are.
+struct Mlp : torch::nn::Module {
+  torch::nn::Linear lin1{nullptr}, lin2{nullptr}, lin3{nullptr};
+  at::Tensor scale;
+  Mlp() {
+    torch::manual_seed(7);
+    lin1 = register_module("lin1", torch::nn::Linear(4, 13));
+    lin2 = register_module("lin2", torch::nn::Linear(13, 7));
+    lin3 = register_module("lin3", torch::nn::Linear(7, 1));
+    scale = register_parameter("scale", torch::tensor({1.0f, 0.5f, 2.0f, 1.5f}), /*requires_grad=*/false);
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    return lin3(torch::tanh(lin2(torch::tanh(lin1(x * scale)))));
+  }
+};
+
+class MlpTrainer : public Trainer {
+ public:
+  using Trainer::Trainer;
+  ModelOutput forward_step(const Batch& batch, torch::nn::Module& model) override {
+    ModelOutput out;
+    out.loss = (dynamic_cast<Mlp&>(model).forward(batch.at("x")) - batch.at("y")).pow(2).mean();
+    return out;
+  }
+};
+
+struct Variant {
+  int stage = 2;
+  bool offload = false;
+  int64_t accumulation = 2;
+};
+
+json zero_block(const Variant& v) {
+  json z = {{"stage", v.stage}, {"reduce_bucket_size", 40}, {"allgather_bucket_size", 32}, {"overlap_comm", true}};
+  if (v.offload) z["offload_optimizer"] = {{"device", "cpu"}};
+  return z;
+}
+
+Config run_config(const fs::path& dir, int world, const std::string& env, const Variant& v, int64_t steps) {
+  json doc = {{"train_batch_size", 24},
+              {"gradient_accumulation_steps", v.accumulation},
+              {"gradient_clipping", 0.05},
+              {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.004}, {"weight_decay", 0.01}}}}},
+              {"trainer",
+               {{"env_type", env},
+                {"max_steps", steps},
+                {"eval_interval", 0},
+                {"log_interval", 100},
+                {"progress_bar", false},
+                {"comm_timeout", 30},
+                {"seed", 5},
+                {"experiments_dir", (dir / "exp").string()},
+                {"save_dir", (dir / "ckpt").string()}}}};
+  if (env == "deepspeed") doc["zero_optimization"] = zero_block(v);
+  return config_from_json(doc, "test", world);
+}
+
+void write_losses(const fs::path& file, const std::vector<double>& losses) {
+  std::ofstream(file) << json(losses).dump();
+}
+
+std::vector<double> read_losses(const fs::path& file) {
+  std::ifstream in(file);
+  EXPECT_TRUE(in.good()) << file;
+  json j;
+  in >> j;
+  return j.get<std::vector<double>>();
+}
+
+/// Trains `steps` steps at `world` ranks with `v` (env_type deepspeed) or env_type pytorch
+/// (world 1, v ignored); rank 0's losses go to `out`. `adjust` edits each rank's config.
+template <class Adjust>
+void train_ranks(const fs::path& dir, int world, const std::string& env, const Variant& v, int64_t steps,
+                 const fs::path& out, Adjust adjust) {
+  const int port = free_port();
+  auto status = run_ranks(world, std::chrono::seconds(240), [&](int rank) {
+    Config cfg = run_config(dir, world, env, v, steps);
+    adjust(cfg);
+    MlpTrainer trainer(cfg);
+    if (env == "deepspeed")
+      trainer.set_backend(std::make_unique<ZeroBackend>(
+          cfg, make_gloo_communicator(rank, world, "127.0.0.1", port, std::chrono::seconds(30))));
+    WaveSource data(240);
+    const auto res = trainer.train(std::make_shared<Mlp>(), data);
+    if (rank == 0) write_losses(out, res.losses);
+    return 0;
+  });
+  for (int r = 0; r < world; ++r) ASSERT_TRUE(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0) << "rank " << r;
+}
+
+void train_ranks(const fs::path& dir, int world, const std::string& env, const Variant& v, int64_t steps,
+                 const fs::path& out) {
+  train_ranks(dir, world, env, v, steps, out, [](Config&) {});
+}
+
+void expect_close(const std::vector<double>& got, const std::vector<double>& want, double rel, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i]) / std::abs(want[i]));
+  std::printf("[zero] %s: worst relative loss difference %.3g over %zu steps\n", what.c_str(), worst, got.size());
+  std::fflush(stdout);
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_LE(std::abs(got[i] - want[i]), rel * std::abs(want[i])) << what << " step " << i + 1 << ": " << got[i]
+                                                                   << " vs " << want[i];
+}
+
+TEST(ZeroLayout, PaddingStraddlingAndEmptyPartitions) {
+  const auto l = make_zero_layout({"a", "b", "c"}, {{4, 13}, {13, 7}, {7}}, 3);
+  EXPECT_EQ(l.total, 52 + 91 + 7);
+  EXPECT_EQ(l.padded, 192);  // a multiple of 3 x 16
+  EXPECT_EQ(l.part, 64);
+  const auto r1 = l.owned(1);  // [64, 128): inside b only
+  ASSERT_EQ(r1.size(), 1u);
+  EXPECT_EQ(r1[0].entry, 1u);
+  EXPECT_EQ(r1[0].param_begin, 12);
+  EXPECT_EQ(r1[0].length, 64);
+  const auto r2 = l.owned(2);  // [128, 192): b's tail, c, padding
+  ASSERT_EQ(r2.size(), 2u);
+  EXPECT_EQ(r2[0].param_begin, 76);
+  EXPECT_EQ(r2[0].length, 15);
+  EXPECT_EQ(r2[1].entry, 2u);
+  EXPECT_EQ(l.owned_elements(2), 22);
+  const auto tiny = make_zero_layout({"x", "y"}, {{2}, {3}}, 3);
+  EXPECT_EQ(tiny.part, 16);
+  EXPECT_EQ(tiny.owned(0).size(), 2u);
+  EXPECT_TRUE(tiny.owned(1).empty());
+  EXPECT_TRUE(tiny.owned(2).empty());
+  EXPECT_EQ(tiny.owned_elements(2), 0);
+}
+
+// The contract: every stage, with and without offload, at 1-4 ranks, against one process.
+TEST(ZeroContract, EveryStageAndWorldSizeMatchesOneProcess) {
+  polytrain::testing::TempDir s;
+  const int64_t steps = 50;
+  train_ranks(s.path / "ref", 1, "pytorch", Variant{}, steps, s.path / "ref.json");
+  const auto ref = read_losses(s.path / "ref.json");
+  ASSERT_EQ(ref.size(), static_cast<size_t>(steps));
+  EXPECT_LT(ref.back(), ref.front() * 0.8) << "the reference run does not learn";
+  std::printf("[zero] reference loss: step 1 %.5f, step %lld %.5f\n", ref.front(), (long long)steps, ref.back());
+  std::fflush(stdout);  // before forking: the ranks must not inherit a full buffer
+  for (int world : {1, 2, 3, 4}) {
+    for (const Variant v : {Variant{0, false}, Variant{1, false}, Variant{2, false}, Variant{2, true}}) {
+      const std::string tag = "stage" + std::to_string(v.stage) + (v.offload ? "_offload" : "") + "_world" +
+                              std::to_string(world);
+      train_ranks(s.path / tag, world, "deepspeed", v, steps, s.path / (tag + ".json"));
+      expect_close(read_losses(s.path / (tag + ".json")), ref, 1e-5, tag);
+    }
+  }
+}
+
+TEST(ZeroContract, Stage1AndStage2AreBitIdentical) {
+  polytrain::testing::TempDir s;
+  for (int world : {2, 3}) {
+    const std::string w = std::to_string(world);
+    train_ranks(s.path / ("s1_" + w), world, "deepspeed", Variant{1, false, 1}, 20, s.path / ("s1_" + w + ".json"));
+    train_ranks(s.path / ("s2_" + w), world, "deepspeed", Variant{2, false, 1}, 20, s.path / ("s2_" + w + ".json"));
+    const auto a = read_losses(s.path / ("s1_" + w + ".json")), b = read_losses(s.path / ("s2_" + w + ".json"));
+    ASSERT_EQ(a.size(), 20u);
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "world " << world << " step " << i + 1;
+  }
+}
+
+// Each rank checks that its re-sliced state equals the consolidated saved state bit for bit.
+int check_resliced(ZeroBackend& zero, const fs::path& ckpt_dir, const std::string& tag) {
+  const CheckpointReader ck(ckpt_dir.string(), tag);
+  const ZeroConsolidated saved = consolidate_zero_shards(ShardReader(ck));
+  const auto mine = zero.owned_state();
+  if (mine.step != saved.step) return std::fprintf(stderr, "step %lld vs %lld\n", (long long)mine.step, (long long)saved.step), 3;
+  int64_t off = 0;
+  for (size_t i = 0; i < mine.names.size(); ++i) {
+    const ZeroParamState* p = nullptr;
+    for (const auto& [n, st] : saved.params)
+      if (n == mine.names[i]) p = &st;
+    if (p == nullptr) return 4;
+    // The piece's length: up to the next piece's offset in the concatenation.
+    int64_t len = 0;
+    for (const auto& pc : zero.layouts())
+      for (const auto& e : pc.entries)
+        if (e.name == mine.names[i]) {
+          const int64_t lo = pc.begin_of(zero.context().dp_rank), hi = lo + pc.part;
+          len = std::min(e.offset + e.numel, hi) - std::max(e.offset, lo);
+        }
+    const auto want_m = p->master.reshape({-1}).narrow(0, mine.begins[i], len);
+    if (!torch::equal(mine.master.narrow(0, off, len), want_m) ||
+        !torch::equal(mine.exp_avg.narrow(0, off, len), p->exp_avg.reshape({-1}).narrow(0, mine.begins[i], len)) ||
+        !torch::equal(mine.exp_avg_sq.narrow(0, off, len), p->exp_avg_sq.reshape({-1}).narrow(0, mine.begins[i], len)))
+      return std::fprintf(stderr, "state of %s differs\n", mine.names[i].c_str()), 5;
+    off += len;
+  }
+  return off == mine.master.numel() ? 0 : 6;
+}
+
+TEST(ZeroCheckpoint, SavedAtTwoRanksResumesAtOneAndThree) {
+  polytrain::testing::TempDir s;
+  const Variant v{2, true};
+  // Uninterrupted: 10 steps at 2 ranks, checkpoints at 5 and 10.
+  train_ranks(s.path / "two", 2, "deepspeed", v, 10, s.path / "two.json",
+              [](Config& c) { c.trainer.save_interval = 5, c.trainer.keep_last = 0; });
+  const auto full = read_losses(s.path / "two.json");
+  ASSERT_EQ(full.size(), 10u);
+  const fs::path ckpt = s.path / "two" / "ckpt";
+  ASSERT_TRUE(fs::exists(ckpt / "global_step5" / "shard_1.pt"));
+  std::ofstream(ckpt / "latest") << "global_step5\n";
+  for (int world : {1, 3}) {
+    const std::string w = std::to_string(world);
+    // Loading only (max_steps 5 = the checkpoint's step): the state each rank re-sliced.
+    const int port = free_port();
+    auto status = run_ranks(world, std::chrono::seconds(120), [&](int rank) {
+      Config cfg = run_config(s.path / ("load" + w), world, "deepspeed", v, 5);
+      cfg.trainer.load_dir = ckpt.string();
+      MlpTrainer trainer(cfg);
+      auto backend = std::make_unique<ZeroBackend>(
+          cfg, make_gloo_communicator(rank, world, "127.0.0.1", port, std::chrono::seconds(30)));
+      ZeroBackend* zero = backend.get();
+      trainer.set_backend(std::move(backend));
+      WaveSource data(240);
+      trainer.train(std::make_shared<Mlp>(), data);
+      return check_resliced(*zero, ckpt, "global_step5");
+    });
+    for (int r = 0; r < world; ++r)
+      EXPECT_TRUE(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0) << "world " << w << " rank " << r << " status "
+                                                                      << status[r];
+    // Training on: the next 5 losses as the uninterrupted run's.
+    train_ranks(s.path / ("resume" + w), world, "deepspeed", v, 10, s.path / ("resume" + w + ".json"),
+                [&](Config& c) { c.trainer.load_dir = ckpt.string(); });
+    expect_close(read_losses(s.path / ("resume" + w + ".json")), std::vector<double>(full.begin() + 5, full.end()),
+                 1e-5, "resumed at " + w);
+  }
+  // The export from the shards equals the saved (gathered) model bit for bit.
+  std::string out;
+  const std::string exported = (s.path / "model.safetensors").string();
+  ASSERT_EQ(polytrain::testing::run_command(std::string(POLYTRAIN_BINARY_DIR) + "/zero_to_fp32 " + ckpt.string() +
+                                                " " + exported + " --tag global_step5 2>&1",
+                                            &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("171 elements from 2 ZeRO shards"), std::string::npos) << out;
+  NamedTensors model;
+  CheckpointReader(ckpt.string(), "global_step5").read_archive("state.pt", [&](torch::serialize::InputArchive& a) {
+    torch::serialize::InputArchive m;
+    a.read("model", m);
+    model = load_named_tensors_archive(m);
+  });
+  const auto loaded = load_safetensors(exported);
+  ASSERT_EQ(loaded.size(), model.size());
+  for (const auto& [name, t] : model) {
+    auto it = std::find_if(loaded.begin(), loaded.end(), [&](const auto& p) { return p.first == name; });
+    ASSERT_NE(it, loaded.end()) << name;
+    EXPECT_TRUE(torch::equal(it->second, t)) << name;
+  }
+}
+
+// ---- in-process ranks (threads) for accounting ------------------------------------------
+
+struct Wide : torch::nn::Module {
+  torch::nn::Linear a{nullptr}, b{nullptr};
+  Wide() {
+    torch::manual_seed(3);
+    a = register_module("a", torch::nn::Linear(64, 96));  // 6144 + 96
+    b = register_module("b", torch::nn::Linear(96, 5));   // 480 + 5
+  }
+  at::Tensor loss(const at::Tensor& x) { return b(torch::relu(a(x))).pow(2).mean(); }
+};
+
+Config wide_config(int world, const Variant& v, int64_t bucket) {
+  json z = {{"stage", v.stage}, {"reduce_bucket_size", bucket}, {"overlap_comm", true}};
+  if (v.offload) z["offload_optimizer"] = {{"device", "cpu"}};
+  json doc = {{"train_batch_size", 8 * world},
+              {"optimizer", {{"type", "Adam"}, {"params", {{"lr", 0.01}}}}},
+              {"zero_optimization", z},
+              {"trainer", {{"env_type", "deepspeed"}}}};
+  return config_from_json(doc, "test", world);
+}
+
+template <class F>
+void on_threads(int world, F body) {
+  const int port = free_port();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([=] { body(r, make_gloo_communicator(r, world, "127.0.0.1", port, std::chrono::seconds(60))); });
+  for (auto& t : threads) t.join();
+}
+
+TEST(ZeroMemory, OptimizerStateAndGradientsAreTheirShare) {
+  at::set_num_threads(1);
+  for (int world : {1, 2, 4}) {
+    for (const Variant v : {Variant{1, false}, Variant{2, false}, Variant{2, true}}) {
+      on_threads(world, [&](int rank, std::unique_ptr<Communicator> comm) {
+        const int64_t bucket = 1000;
+        auto cfg = wide_config(world, v, bucket);
+        ZeroBackend zero(cfg, std::move(comm));
+        auto model = std::make_shared<Wide>();
+        zero.prepare(model, cfg);
+        // Run a step so every buffer exists as it will during training.
+        zero.backward(model->loss(torch::randn({8, 64})), MicroStep{8, true});
+        zero.step(StepRequest{0.01}, 0);
+        int64_t padded = 0, largest_param = 0;
+        for (const auto& l : zero.layouts()) {
+          padded += l.padded;
+          for (const auto& e : l.entries) largest_param = std::max(largest_param, e.numel);
+        }
+        const ZeroMemory m = zero.memory();
+        const std::string what = "world " + std::to_string(world) + " stage " + std::to_string(v.stage) +
+                                 (v.offload ? " offload" : "") + " rank " + std::to_string(rank);
+        EXPECT_EQ(m.params, 4 * padded) << what;
+        EXPECT_EQ(m.optimizer_state, 8 * padded / world) << what;  // Adam's two moments, this rank's share
+        EXPECT_EQ(m.master, v.offload ? 4 * padded / world : 0) << what;  // fp32 params are their own master
+        if (v.stage == 1) {
+          EXPECT_EQ(m.gradients, 4 * padded) << what;
+          EXPECT_EQ(m.reduce_buffers, 0) << what;
+        } else {
+          EXPECT_EQ(m.gradients, 4 * padded / world) << what;
+          EXPECT_LE(m.reduce_buffers, 2 * 4 * (bucket + largest_param)) << what;  // two reduce buffers
+        }
+        EXPECT_EQ(m.host_copies, v.offload ? 4 * padded / world : 0) << what;
+      });
+    }
+  }
+}
+
+TEST(ZeroComm, BytesPerStepAreTwiceTheParametersAsDdp) {
+  at::set_num_threads(1);
+  const int world = 2;
+  int64_t zero_bytes = 0, ddp_bytes = 0, total = 0, padded = 0;
+  on_threads(world, [&](int rank, std::unique_ptr<Communicator> comm) {
+    auto counting = std::make_unique<CountingCommunicator>(std::move(comm));
+    CountingCommunicator* c = counting.get();
+    auto cfg = wide_config(world, Variant{2, false}, 1000);
+    ZeroBackend zero(cfg, std::move(counting));
+    auto model = std::make_shared<Wide>();
+    zero.prepare(model, cfg);
+    c->reset();
+    zero.backward(model->loss(torch::randn({8, 64})), MicroStep{8, true});
+    zero.step(StepRequest{0.01}, 0);
+    if (rank == 0) {
+      zero_bytes = c->reduce_bytes + c->gather_bytes;  // the norm's 8-byte all-reduce left out
+      for (const auto& l : zero.layouts()) total += l.total, padded += l.padded;
+    }
+  });
+  on_threads(world, [&](int rank, std::unique_ptr<Communicator> comm) {
+    auto counting = std::make_unique<CountingCommunicator>(std::move(comm));
+    CountingCommunicator* c = counting.get();
+    Config cfg = wide_config(world, Variant{2, false}, 1000);
+    cfg.trainer.env_type = "pytorchDDP";
+    DdpBackend ddp(cfg, std::move(counting));
+    auto model = std::make_shared<Wide>();
+    ddp.prepare(model, cfg);
+    c->reset();
+    ddp.backward(model->loss(torch::randn({8, 64})), MicroStep{8, true});
+    ddp.step(StepRequest{0.01}, 0);
+    if (rank == 0) ddp_bytes = c->all_reduce_bytes;
+  });
+  EXPECT_EQ(total, 6144 + 96 + 480 + 5);
+  EXPECT_EQ(zero_bytes, 4 * (total + padded));  // reduce of every gradient + gather of the padded partitions
+  EXPECT_EQ(ddp_bytes, 2 * 4 * total);
+  EXPECT_LE(std::abs(zero_bytes - ddp_bytes), 4 * (padded - total));
+}
+
+TEST(ZeroStep, ANonFiniteGradientOnOneRankSkipsOnEvery) {
+  at::set_num_threads(1);
+  on_threads(3, [&](int rank, std::unique_ptr<Communicator> comm) {
+    auto cfg = wide_config(3, Variant{2, false}, 1000);
+    ZeroBackend zero(cfg, std::move(comm));
+    auto model = std::make_shared<Wide>();
+    zero.prepare(model, cfg);
+    const auto before = model->a->weight.clone();
+    auto loss = model->loss(torch::randn({8, 64}));
+    if (rank == 1) loss = loss * std::numeric_limits<float>::infinity();
+    zero.backward(loss, MicroStep{8, true});
+    const auto r = zero.step(StepRequest{0.01}, 0);
+    EXPECT_EQ(r.outcome, StepOutcome::kSkippedNonFinite) << "rank " << rank;
+    EXPECT_TRUE(torch::equal(model->a->weight, before)) << "rank " << rank;
+    // The next, finite step applies everywhere.
+    zero.backward(model->loss(torch::randn({8, 64})), MicroStep{8, true});
+    EXPECT_EQ(zero.step(StepRequest{0.01}, 0).outcome, StepOutcome::kApplied) << "rank " << rank;
+  });
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "(no InputError)";
+}
+
+TEST(ZeroConfig, ErrorsNameTheKey) {
+  auto make = [](json z, std::string opt = "AdamW") {
+    json doc = {{"train_batch_size", 8},
+                {"optimizer", {{"type", opt}}},
+                {"zero_optimization", z},
+                {"trainer", {{"env_type", "deepspeed"}}}};
+    return config_from_json(doc, "test", 1);
+  };
+  EXPECT_NE(error_of([&] { make({{"stage", 2}, {"allgather_bucket_size", 7}}); }).find("allgather_bucket_size"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { make({{"stage", 2}, {"offload_optimizer", {{"device", "cpu"}, {"ratio", 0.5}}}}); })
+                .find("ratio < 1"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { make({{"stage", 2}, {"no_such_key", 1}}); }).find("no_such_key"), std::string::npos);
+  auto backend_error = [&](json z, std::string opt = "AdamW") {
+    return error_of([&] {
+      Config c = make(z, opt);
+      ZeroBackend zero(c, make_gloo_communicator(0, 1, "127.0.0.1", free_port(), std::chrono::seconds(30)));
+      zero.prepare(std::make_shared<Wide>(), c);
+    });
+  };
+  EXPECT_NE(backend_error({{"stage", 3}}).find("stage 3"), std::string::npos);
+  EXPECT_NE(backend_error({{"stage", 0}, {"offload_optimizer", {{"device", "cpu"}}}}).find("stage 1 or 2"),
+            std::string::npos);
+  EXPECT_NE(backend_error({{"stage", 2}}, "Lamb").find("LAMB's trust ratio"), std::string::npos);
+  EXPECT_NE(backend_error({{"stage", 2}}, "SGD").find("use Adam or AdamW"), std::string::npos);
+}
+
+}  // namespace
