@@ -128,8 +128,8 @@ struct Triad {
 // use them. STREAM's count: 12 bytes an element (the line an ordinary store reads first is not
 // counted; streaming stores do not read it).
 Triad measure_triad(int threads, int reps) {
-  const int64_t n = int64_t{1} << 26;
-  auto alloc = [n] { return static_cast<float*>(std::aligned_alloc(64, n * sizeof(float))); };
+  constexpr int64_t n = int64_t{1} << 26;
+  auto alloc = [] { return static_cast<float*>(std::aligned_alloc(64, n * sizeof(float))); };
   float *a = alloc(), *b = alloc(), *c = alloc();
   split(threads, n, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) a[i] = 0.0f, b[i] = 1.0f, c[i] = 2.0f;

@@ -369,8 +369,9 @@ class WorkerPool {
     const int64_t chunk = (units + parts - 1) / parts;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      while (started_ < parts - 1) {
-        std::thread([this, index = ++started_] { work(index); }).detach();
+      while (started_ < parts - 1) {  // counted once running (a failed start throws, leaving none)
+        std::thread([this, index = started_ + 1] { work(index); }).detach();
+        ++started_;
       }
       fn_ = fn;
       ctx_ = ctx;
@@ -568,8 +569,7 @@ class CpuAdam final : public Optimizer {
   void set_lr(double lr) override { lr_ = lr; }
   bool has_beta1() const override { return true; }
   void set_beta1(double beta1) override {
-    PT_INPUT_CHECK(beta1 >= 0 && beta1 < 1, "momentum (beta1) ", beta1,
-                   " from the schedule is outside [0, 1); check scheduler.params.decay_mom_rate");
+    check_scheduled_beta1(beta1);
     beta1_ = beta1;
   }
 

@@ -123,12 +123,16 @@ void set_beta1_in(torch::optim::OptimizerOptions& options, double beta1) {
 }
 }  // namespace
 
+void check_scheduled_beta1(double beta1) {
+  PT_INPUT_CHECK(beta1 >= 0 && beta1 < 1, "momentum (beta1) ", beta1,
+                 " from the schedule is outside [0, 1); check scheduler.params.decay_mom_rate");
+}
+
 void set_beta1(torch::optim::Optimizer& opt, double beta1) {
   PT_INPUT_CHECK(has_betas(opt.defaults()), "the LR schedule sets momentum (beta1 = ", beta1,
                  "), but this optimizer has no beta1 (only Adam, AdamW and Lamb do); set "
                  "scheduler.params.cycle_momentum to false or use one of those optimizers");
-  PT_INPUT_CHECK(beta1 >= 0 && beta1 < 1, "momentum (beta1) ", beta1,
-                 " from the schedule is outside [0, 1); check scheduler.params.decay_mom_rate");
+  check_scheduled_beta1(beta1);
   set_beta1_in(opt.defaults(), beta1);
   for (auto& group : opt.param_groups()) set_beta1_in(group.options(), beta1);
 }

@@ -75,6 +75,10 @@ std::unique_ptr<torch::optim::Optimizer> make_torch_optimizer(const OptimizerCon
 /// Sets the learning rate of every parameter group.
 void set_learning_rate(torch::optim::Optimizer& opt, double lr);
 
+/// InputError unless a beta1 the schedule asks for is in [0, 1) (OneCycle's decay_mom_rate can
+/// push it out).
+void check_scheduled_beta1(double beta1);
+
 /// Sets beta1 of every group of an Adam, AdamW or Lamb optimizer, keeping beta2. InputError
 /// when the optimizer has no beta1 (a schedule that cycles momentum on SGD or Adagrad would
 /// otherwise be silently ignored) or when beta1 is outside [0, 1) (OneCycle's decay_mom_rate

@@ -115,8 +115,7 @@ class PartitionAdam final : public Optimizer {
   void set_lr(double lr) override { lr_ = lr; }
   bool has_beta1() const override { return true; }
   void set_beta1(double beta1) override {
-    PT_INPUT_CHECK(beta1 >= 0 && beta1 < 1, "momentum (beta1) ", beta1,
-                   " from the schedule is outside [0, 1); check scheduler.params.decay_mom_rate");
+    check_scheduled_beta1(beta1);
     beta1_ = beta1;
   }
   void save(torch::serialize::OutputArchive&) const override {
@@ -155,6 +154,10 @@ class PartitionAdam final : public Optimizer {
       }
       cpu_adam::step(h, step_, s.master.data_ptr<float>(), g.data_ptr<float>(), s.exp_avg.data_ptr<float>(),
                      s.exp_avg_sq.data_ptr<float>(), s.master.numel(), copy, out);
+      // Written through raw pointers: tell autograd the tensors changed, as in-place ops would.
+      if (!s.master.is_inference()) s.master.unsafeGetTensorImpl()->bump_version();
+      if (out != nullptr && s.flat_part.is_cpu() && !s.flat_part.is_inference())
+        s.flat_part.unsafeGetTensorImpl()->bump_version();
       if (s.master_is_view) return;
       if (copy != cpu_adam::CopyOut::kNone) {
         if (!s.flat_part.is_cpu()) s.flat_part.copy_(s.copy_out.view(half));  // 2 bytes per parameter
