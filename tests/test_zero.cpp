@@ -240,14 +240,7 @@ int check_resliced(ZeroBackend& zero, const fs::path& ckpt_dir, const std::strin
     for (const auto& [n, st] : saved.params)
       if (n == mine.names[i]) p = &st;
     if (p == nullptr) return 4;
-    // The piece's length: up to the next piece's offset in the concatenation.
-    int64_t len = 0;
-    for (const auto& pc : zero.layouts())
-      for (const auto& e : pc.entries)
-        if (e.name == mine.names[i]) {
-          const int64_t lo = pc.begin_of(zero.context().dp_rank), hi = lo + pc.part;
-          len = std::min(e.offset + e.numel, hi) - std::max(e.offset, lo);
-        }
+    const int64_t len = mine.lengths[i];
     const auto want_m = p->master.reshape({-1}).narrow(0, mine.begins[i], len);
     if (!torch::equal(mine.master.narrow(0, off, len), want_m) ||
         !torch::equal(mine.exp_avg.narrow(0, off, len), p->exp_avg.reshape({-1}).narrow(0, mine.begins[i], len)) ||
@@ -442,6 +435,54 @@ TEST(ZeroStep, ANonFiniteGradientOnOneRankSkipsOnEvery) {
     zero.backward(model->loss(torch::randn({8, 64})), MicroStep{8, true});
     EXPECT_EQ(zero.step(StepRequest{0.01}, 0).outcome, StepOutcome::kApplied) << "rank " << rank;
   });
+}
+
+// Half-precision parameters (a model converted to bf16): ZeRO keeps fp32 master weights for
+// the owned partition (in CPU memory with offload), and the CPU Adam writes the updated weights
+// back as bf16 in the same pass; every rank ends with the same bf16 model, each element the
+// bf16 rounding of its owner's fp32 master.
+TEST(ZeroHalf, Bf16ParametersKeepFp32MastersAndCopyOut) {
+  at::set_num_threads(1);
+  const int world = 2;
+  std::vector<at::Tensor> flat(world);
+  std::vector<ZeroBackend::OwnedState> owned(world);
+  int64_t padded = 0;
+  on_threads(world, [&](int rank, std::unique_ptr<Communicator> comm) {
+    auto cfg = wide_config(world, Variant{2, true}, 1000);
+    ZeroBackend zero(cfg, std::move(comm));
+    auto model = std::make_shared<Wide>();
+    model->to(torch::kBFloat16);
+    zero.prepare(model, cfg);
+    torch::manual_seed(11 + rank);
+    const auto before = model->a->weight.clone();
+    for (int s = 0; s < 3; ++s) {
+      zero.backward(model->loss(torch::randn({8, 64}).to(torch::kBFloat16)).to(torch::kFloat), MicroStep{8, true});
+      EXPECT_EQ(zero.step(StepRequest{0.01}, s).outcome, StepOutcome::kApplied);
+    }
+    EXPECT_EQ(model->a->weight.scalar_type(), torch::kBFloat16);
+    EXPECT_FALSE(torch::equal(model->a->weight, before)) << "rank " << rank << ": not updated";
+    std::vector<at::Tensor> parts;
+    for (const auto& item : model->named_parameters()) parts.push_back(item.value().detach().reshape({-1}).clone());
+    flat[rank] = torch::cat(parts);
+    owned[rank] = zero.owned_state();
+    const ZeroMemory m = zero.memory();
+    if (rank == 0)
+      for (const auto& l : zero.layouts()) padded += l.padded;
+    EXPECT_EQ(owned[rank].step, 3);
+    EXPECT_GT(m.master, 0);
+    // Each owned piece's bf16 parameter is its fp32 master rounded.
+    int64_t off = 0;
+    for (size_t i = 0; i < owned[rank].names.size(); ++i) {
+      at::Tensor p = model->named_parameters()[owned[rank].names[i]].detach().reshape({-1});
+      const auto mine = p.narrow(0, owned[rank].begins[i], owned[rank].lengths[i]);
+      EXPECT_TRUE(torch::equal(mine, owned[rank].master.narrow(0, off, mine.numel()).to(torch::kBFloat16)))
+          << owned[rank].names[i];
+      off += mine.numel();
+    }
+  });
+  EXPECT_TRUE(torch::equal(flat[0], flat[1])) << "ranks hold different models";
+  EXPECT_EQ(owned[0].master.numel() + owned[1].master.numel(), 6144 + 96 + 480 + 5);
+  EXPECT_GT(padded, 0);
 }
 
 std::string error_of(const std::function<void()>& f) {

@@ -518,6 +518,7 @@ ZeroBackend::OwnedState ZeroBackend::owned_state() const {
     for (const auto& p : l.owned(owner_)) {
       out.names.push_back(l.entries[p.entry].name);
       out.begins.push_back(p.param_begin);
+      out.lengths.push_back(p.length);
       master.push_back(g->master.narrow(0, p.flat_begin - base, p.length).to(torch::kCPU, torch::kFloat));
       m.push_back(g->exp_avg.narrow(0, p.flat_begin - base, p.length).cpu());
       v.push_back(g->exp_avg_sq.narrow(0, p.flat_begin - base, p.length).cpu());

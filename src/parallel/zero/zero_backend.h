@@ -72,7 +72,8 @@ class ZeroBackend : public Backend {
   /// each owned piece in flat order, and the step count.
   struct OwnedState {
     std::vector<std::string> names;
-    std::vector<int64_t> begins;
+    std::vector<int64_t> begins;   ///< first element of each piece within its parameter
+    std::vector<int64_t> lengths;  ///< elements of each piece
     at::Tensor master, exp_avg, exp_avg_sq;  ///< the pieces concatenated (padding left out)
     int64_t step = 0;
   };
