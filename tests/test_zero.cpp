@@ -23,6 +23,7 @@
 
 #include "polytrain/common/config.h"
 #include "polytrain/common/error.h"
+#include "polytrain/models/activation_checkpoint.h"
 #include "polytrain/models/safetensors.h"
 #include "polytrain/parallel/comm/counting_communicator.h"
 #include "polytrain/parallel/comm/gloo_communicator.h"
@@ -483,6 +484,89 @@ TEST(ZeroHalf, Bf16ParametersKeepFp32MastersAndCopyOut) {
   EXPECT_TRUE(torch::equal(flat[0], flat[1])) << "ranks hold different models";
   EXPECT_EQ(owned[0].master.numel() + owned[1].master.numel(), 6144 + 96 + 480 + 5);
   EXPECT_GT(padded, 0);
+}
+
+// One layer applied twice, each application checkpointed (ALBERT's shared layers under
+// activation checkpointing): its gradient is accumulated once per block, in nested backwards,
+// so stage 2's hooks see it twice; what comes after its bucket was reduced is reduced again.
+struct SharedTwice : torch::nn::Module {
+  torch::nn::Linear shared{nullptr}, head{nullptr};
+  SharedTwice() {
+    shared = register_module("shared", torch::nn::Linear(16, 16));
+    head = register_module("head", torch::nn::Linear(16, 1));
+    // Deterministic weights: ranks are threads here, and the global generator is shared.
+    torch::NoGradGuard no_grad;
+    int i = 0;
+    for (auto& p : parameters())
+      p.copy_((torch::sin(torch::arange(p.numel()).to(torch::kFloat) * 0.37 + ++i) * 0.3).view_as(p));
+  }
+  at::Tensor loss(const at::Tensor& x) {
+    auto block = [this](const at::Tensor& h) { return torch::tanh(shared(h)); };
+    return head(checkpointed(block, checkpointed(block, x))).pow(2).mean();
+  }
+};
+
+// Step s's micro-batch of rank r, without the (shared) global generator.
+at::Tensor batch_of(int s, int rank) {
+  return torch::sin(torch::arange(128).to(torch::kFloat).view({8, 16}) * (0.1 + 0.05 * s) + rank);
+}
+
+at::Tensor train_shared(int stage, bool overlap) {
+  std::vector<at::Tensor> out(2);
+  on_threads(2, [&](int rank, std::unique_ptr<Communicator> comm) {
+    json doc = {{"train_batch_size", 16},
+                {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.01}}}}},
+                {"zero_optimization", {{"stage", stage}, {"reduce_bucket_size", 20}, {"overlap_comm", overlap}}},
+                {"trainer", {{"env_type", "deepspeed"}}}};
+    const Config cfg = config_from_json(doc, "test", 2);
+    ZeroBackend zero(cfg, std::move(comm));
+    auto model = std::make_shared<SharedTwice>();
+    zero.prepare(model, cfg);
+    for (int s = 0; s < 3; ++s) {
+      zero.backward(model->loss(batch_of(s, rank)), MicroStep{8, true});
+      zero.step(StepRequest{0.01}, s);
+    }
+    std::vector<at::Tensor> parts;
+    for (const auto& p : model->parameters()) parts.push_back(p.detach().reshape({-1}).clone());
+    out[rank] = torch::cat(parts);
+  });
+  EXPECT_TRUE(torch::equal(out[0], out[1]));
+  return out[0];
+}
+
+TEST(ZeroStage2, SharedCheckpointedLayerAccumulatedTwiceIsReducedWhole) {
+  at::set_num_threads(1);
+  const auto one = train_shared(1, false), late = train_shared(2, true), after = train_shared(2, false);
+  EXPECT_LT((late - one).abs().max().item<double>(), 1e-6);
+  EXPECT_LT((after - one).abs().max().item<double>(), 1e-6);
+}
+
+at::Tensor train_shared_ddp(bool overlap) {
+  std::vector<at::Tensor> out(2);
+  on_threads(2, [&](int rank, std::unique_ptr<Communicator> comm) {
+    json doc = {{"train_batch_size", 16},
+                {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.01}}}}},
+                {"trainer", {{"env_type", "pytorchDDP"}, {"reduce_bucket_size", 80}, {"overlap_comm", overlap}}}};
+    const Config cfg = config_from_json(doc, "test", 2);
+    DdpBackend ddp(cfg, std::move(comm));
+    auto model = std::make_shared<SharedTwice>();
+    ddp.prepare(model, cfg);
+    for (int s = 0; s < 3; ++s) {
+      ddp.backward(model->loss(batch_of(s, rank)), MicroStep{8, true});
+      ddp.step(StepRequest{0.01}, s);
+    }
+    std::vector<at::Tensor> parts;
+    for (const auto& p : model->parameters()) parts.push_back(p.detach().reshape({-1}).clone());
+    out[rank] = torch::cat(parts);
+  });
+  return out[0];
+}
+
+TEST(DdpStatic, SharedCheckpointedLayerWithOverlapEqualsWithout) {
+  at::set_num_threads(1);
+  const auto a = train_shared_ddp(true), b = train_shared_ddp(false), z = train_shared(1, false);
+  EXPECT_LT((a - b).abs().max().item<double>(), 1e-6);
+  EXPECT_LT((b - z).abs().max().item<double>(), 1e-6);
 }
 
 std::string error_of(const std::function<void()>& f) {

@@ -70,14 +70,25 @@ GradBuckets::~GradBuckets() = default;
 
 void GradBuckets::arm() {
   armed_ = true;
+  overfired_.clear();
   std::fill(ready_.begin(), ready_.end(), 0);
-  for (auto& b : buckets_) b.pending = b.params.size();
+  fired_.assign(params_.size(), 0);
+  for (auto& b : buckets_) {
+    b.pending = 0;
+    for (size_t k : b.params) b.pending += learned_ ? static_cast<size_t>(std::max(1, expected_[k])) : 1;
+  }
 }
 
 void GradBuckets::grad_ready(size_t index) {
-  if (!armed_ || ready_[index]) return;
+  if (!armed_) return;
   ready_[index] = 1;
+  ++fired_[index];
+  if (!learned_) return;  // first armed backward: counting only, the owner communicates after it
   const size_t b = bucket_of_[index];
+  if (buckets_[b].pending == 0) {  // more accumulations than learned, after the bucket went out
+    if (overfired_.empty()) overfired_ = names_[index];
+    return;
+  }
   if (--buckets_[b].pending == 0) on_ready_(b);
 }
 
@@ -90,6 +101,10 @@ std::vector<std::string> GradBuckets::missing(size_t b) const {
 
 void GradBuckets::zero() {
   for (auto& b : buckets_) b.buffer.zero_();
+  if (armed_ && !learned_) {
+    expected_ = fired_;
+    learned_ = true;
+  }
   armed_ = false;
 }
 

@@ -39,10 +39,15 @@ class GradBuckets {
   Bucket& bucket(size_t b) { return buckets_[b]; }
   /// Names of the parameters of bucket b that received no gradient in the armed backward.
   std::vector<std::string> missing(size_t b) const;
-  /// Zeroes every buffer in place (never set_to_none: .grad must stay a bucket view) and disarms.
+  /// Zeroes every buffer in place (never set_to_none: .grad must stay a bucket view) and disarms
+  /// (the first armed backward's accumulation counts are learned here).
   void zero();
   /// Called by the hook of parameter `index` once its gradient is accumulated.
   void grad_ready(size_t index);
+  /// A parameter whose gradient was accumulated more often in the last armed backward than
+  /// in the first one after its bucket was reported ready ("" when none): the graph changed
+  /// after the readiness counts were learned, and that bucket was communicated incomplete.
+  const std::string& overfired() const { return overfired_; }
 
  private:
   std::vector<at::Tensor> params_;
@@ -51,6 +56,14 @@ class GradBuckets {
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_;
   std::vector<char> ready_;
+  // Accumulations per parameter in one backward: a shared parameter under activation
+  // checkpointing (ALBERT's layers) gets one per checkpointed block, in nested backwards.
+  // The first armed backward only counts them (no bucket is reported ready during it); later
+  // ones report a bucket once all its counted accumulations are in (PyTorch DDP's
+  // static_graph does the same).
+  std::vector<int> expected_, fired_;
+  bool learned_ = false;
+  std::string overfired_;
   bool armed_ = false;
   std::vector<std::shared_ptr<void>> accumulators_;  ///< keep the hooked nodes alive
 };

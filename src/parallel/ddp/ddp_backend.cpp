@@ -65,6 +65,9 @@ StepResult DdpBackend::step(const StepRequest& request, int64_t step) {
     w->wait();
     w.reset();
   }
+  PT_INPUT_CHECK(buckets_->overfired().empty(), "pytorchDDP: parameter '", buckets_->overfired(),
+                 "' received more gradient accumulations in this backward than in the first step, after its "
+                 "bucket was all-reduced (the graph changed between steps); set trainer.overlap_comm to false");
   exposed_comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // Identical gradients on every rank: the same norm, the same skip decision everywhere.
   StepResult r = update(request, step);

@@ -354,6 +354,7 @@ void ZeroBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Config
     largest = std::max(largest, b->numel);
   }
   ready_.assign(params_.size(), 0);
+  late_.assign(buckets_.size(), 0);
   if (stage_ == 2) {
     // One reduce buffer, two when reductions overlap backward (one fills while one is reduced).
     for (int s = 0; s < (overlap_ ? 2 : 1); ++s) staging_.push_back(torch::zeros({largest}, dev));
@@ -368,7 +369,14 @@ void ZeroBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Config
 }
 
 void ZeroBackend::grad_ready(size_t param) {
-  if (!armed_ || ready_[param]) return;
+  if (!armed_) return;
+  if (ready_[param]) {
+    // A second accumulation in the same backward: a shared parameter under activation
+    // checkpointing (ALBERT's layers) gets one per checkpointed block. If its bucket is already
+    // reduced, the rest is reduced again after backward (reductions add up).
+    if (bucket_of_[param] < next_launch_) late_[bucket_of_[param]] = 1;
+    return;
+  }
   ready_[param] = 1;
   --buckets_[bucket_of_[param]]->pending;
   if (!overlap_) return;
@@ -442,10 +450,15 @@ void ZeroBackend::backward(const at::Tensor& loss, const MicroStep& m) {
     std::fill(ready_.begin(), ready_.end(), 0);
     for (auto& b : buckets_) b->pending = b->params.size();
     next_launch_ = 0;
+    std::fill(late_.begin(), late_.end(), 0);
     armed_ = true;
     loss.backward();
     armed_ = false;
     launch_remaining();
+    // Buckets that received gradients after they were reduced: reduce what came late (the
+    // same buckets on every rank: which parameters accumulate twice is the model's structure).
+    for (size_t b = 0; b < buckets_.size(); ++b)
+      if (late_[b]) launch(b);
     return;
   }
   loss.backward();  // stage 0/1: accumulates into the flat gradient

@@ -110,6 +110,7 @@ class ZeroBackend : public Backend {
   std::vector<at::Tensor> params_;
   std::vector<size_t> group_of_, entry_of_, bucket_of_;
   std::vector<char> ready_;
+  std::vector<char> late_;  ///< per bucket: gradients arrived after it was reduced (stage 2)
   size_t next_launch_ = 0;
   bool armed_ = false;
   std::vector<at::Tensor> staging_;                 ///< stage 2 reduce buffers
