@@ -10,7 +10,10 @@
 //     the saved one and the next 5 losses match the uninterrupted run; zero_to_fp32's export
 //     equals the consolidated model bit for bit;
 //   - memory by the backend's accounting against ZeRO's formulas, bytes per step counted by a
-//     wrapper (2 x the parameters, as DDP), one overflow skips on every rank, config errors.
+//     wrapper (2 x the parameters, as DDP), one overflow skips on every rank, config errors;
+//   - bf16 parameters keep fp32 masters with the fused copy-out; a layer shared by two
+//     checkpointed blocks (gradient accumulated twice per backward) is reduced whole by ZeRO
+//     stage 2 and by pytorchDDP with overlap.
 #include <gtest/gtest.h>
 
 #include <cmath>
