@@ -514,25 +514,33 @@ at::Tensor batch_of(int s, int rank) {
   return torch::sin(torch::arange(128).to(torch::kFloat).view({8, 16}) * (0.1 + 0.05 * s) + rank);
 }
 
-at::Tensor train_shared(int stage, bool overlap) {
+// Three steps of SharedTwice on 2 thread ranks under backend B configured by `doc`; each
+// rank's parameters, flattened.
+template <class B>
+std::vector<at::Tensor> train_shared_on(const json& doc) {
   std::vector<at::Tensor> out(2);
   on_threads(2, [&](int rank, std::unique_ptr<Communicator> comm) {
-    json doc = {{"train_batch_size", 16},
-                {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.01}}}}},
-                {"zero_optimization", {{"stage", stage}, {"reduce_bucket_size", 20}, {"overlap_comm", overlap}}},
-                {"trainer", {{"env_type", "deepspeed"}}}};
     const Config cfg = config_from_json(doc, "test", 2);
-    ZeroBackend zero(cfg, std::move(comm));
+    B backend(cfg, std::move(comm));
     auto model = std::make_shared<SharedTwice>();
-    zero.prepare(model, cfg);
+    backend.prepare(model, cfg);
     for (int s = 0; s < 3; ++s) {
-      zero.backward(model->loss(batch_of(s, rank)), MicroStep{8, true});
-      zero.step(StepRequest{0.01}, s);
+      backend.backward(model->loss(batch_of(s, rank)), MicroStep{8, true});
+      backend.step(StepRequest{0.01}, s);
     }
     std::vector<at::Tensor> parts;
     for (const auto& p : model->parameters()) parts.push_back(p.detach().reshape({-1}).clone());
     out[rank] = torch::cat(parts);
   });
+  return out;
+}
+
+at::Tensor train_shared(int stage, bool overlap) {
+  const auto out = train_shared_on<ZeroBackend>(
+      {{"train_batch_size", 16},
+       {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.01}}}}},
+       {"zero_optimization", {{"stage", stage}, {"reduce_bucket_size", 20}, {"overlap_comm", overlap}}},
+       {"trainer", {{"env_type", "deepspeed"}}}});
   EXPECT_TRUE(torch::equal(out[0], out[1]));
   return out[0];
 }
@@ -545,24 +553,10 @@ TEST(ZeroStage2, SharedCheckpointedLayerAccumulatedTwiceIsReducedWhole) {
 }
 
 at::Tensor train_shared_ddp(bool overlap) {
-  std::vector<at::Tensor> out(2);
-  on_threads(2, [&](int rank, std::unique_ptr<Communicator> comm) {
-    json doc = {{"train_batch_size", 16},
-                {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.01}}}}},
-                {"trainer", {{"env_type", "pytorchDDP"}, {"reduce_bucket_size", 80}, {"overlap_comm", overlap}}}};
-    const Config cfg = config_from_json(doc, "test", 2);
-    DdpBackend ddp(cfg, std::move(comm));
-    auto model = std::make_shared<SharedTwice>();
-    ddp.prepare(model, cfg);
-    for (int s = 0; s < 3; ++s) {
-      ddp.backward(model->loss(batch_of(s, rank)), MicroStep{8, true});
-      ddp.step(StepRequest{0.01}, s);
-    }
-    std::vector<at::Tensor> parts;
-    for (const auto& p : model->parameters()) parts.push_back(p.detach().reshape({-1}).clone());
-    out[rank] = torch::cat(parts);
-  });
-  return out[0];
+  return train_shared_on<DdpBackend>(
+      {{"train_batch_size", 16},
+       {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.01}}}}},
+       {"trainer", {{"env_type", "pytorchDDP"}, {"reduce_bucket_size", 80}, {"overlap_comm", overlap}}}})[0];
 }
 
 TEST(DdpStatic, SharedCheckpointedLayerWithOverlapEqualsWithout) {
