@@ -2,6 +2,8 @@
 // directory it writes loads back (--init_from), and bad input -> one `error:` line, exit 2.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 
@@ -66,4 +68,35 @@ TEST(TrainGpt2, BadInputIsOneLineExitTwo) {
   if (!assets_present()) return;
   expect_one_line_error(run(kGpt2 + " --config configs/gpt2_tiny.json --init_from " + (tmp.path / "nowhere").string()),
                         "nowhere/config.json: cannot read");
+}
+
+// env_type deepspeed+mpu through the launcher: configs/gpt2_tp2.json at 4 ranks is TP 2 x DP 2
+// on CPU over Gloo; the exported HF directory is the whole model and loads in one process.
+TEST(TrainGpt2, TensorParallelTwoByTwoThroughTheLauncher) {
+  PT_SKIP_UNLESS(assets_present(), "the GPT-2 BPE files in .cache/assets (scripts/fetch_assets.sh)");
+  TempDir tmp;
+  const std::string launch = POLYTRAIN_BINARY_DIR "/launch --master_port " + std::to_string(20000 + ::getpid() % 20000);
+  auto r = run("OMP_NUM_THREADS=1 " + launch + " --num_gpus 4 " + kGpt2 +
+               " --config configs/gpt2_tp2.json --max_steps 4 --log_interval 2 --eval_interval 0 --save_interval 0 "
+               "--no_progress_bar --experiments_dir " + (tmp.path / "exp").string() + " --save_dir " +
+               (tmp.path / "ckpt").string() + " --save_hf " + (tmp.path / "hf").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("step 4/4"), std::string::npos) << r.out;
+  ASSERT_TRUE(fs::exists(tmp.path / "hf" / "model.safetensors")) << r.out;
+  auto one = run(kGpt2 + " --config configs/gpt2_tiny.json --max_steps 1 --eval_interval 1 --save_interval 0 "
+                 "--no_progress_bar --num_threads 2 --experiments_dir " + (tmp.path / "exp1").string() +
+                 " --save_dir " + (tmp.path / "ckpt1").string() + " --init_from " + (tmp.path / "hf").string());
+  EXPECT_EQ(one.code, 0) << one.out;
+}
+
+TEST(TrainGpt2, TensorParallelBadInputIsOneLineExitTwo) {
+  TempDir tmp;
+  const std::string common = " --no_progress_bar --experiments_dir " + (tmp.path / "exp").string();
+  // One process cannot hold a TP 2 group.
+  expect_one_line_error(run(kGpt2 + " --config configs/gpt2_tp2.json" + common),
+                        "model_parallel_size (2) does not divide the world size (1)");
+  // TP needs env_type deepspeed+mpu.
+  expect_one_line_error(run(kGpt2 + " --config configs/gpt2_tiny.json --model_parallel_size 2" + common),
+                        "tensor parallelism needs env_type");
+  EXPECT_FALSE(fs::exists(tmp.path / "exp"));
 }

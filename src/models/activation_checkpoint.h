@@ -8,6 +8,7 @@
 #include <functional>
 #include <vector>
 
+#include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 
 namespace polytrain {
@@ -22,6 +23,10 @@ at::Tensor checkpointed(std::function<at::Tensor(const at::Tensor&)> fn, const a
 /// Each input's gradient is the sum of its uses inside fn, handed on as one tensor.
 at::Tensor checkpointed(std::function<at::Tensor(const std::vector<at::Tensor>&)> fn,
                         const std::vector<at::Tensor>& inputs);
+
+/// Generators besides the default CPU / CUDA ones whose states checkpointed blocks replay (the
+/// tensor-parallel region's dropout stream), for blocks whose forward runs on this thread.
+void set_replayed_generators(std::vector<at::Generator> generators);
 
 /// Models with transformer blocks that can be checkpointed implement this; the Trainer switches
 /// it on from trainer.checkpoint_activations or an `activation_checkpointing` config block.

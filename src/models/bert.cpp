@@ -35,8 +35,7 @@ at::Tensor norm(torch::nn::LayerNorm& ln, const at::Tensor& x) { return norm_in_
 
 BertEmbeddingsImpl::BertEmbeddingsImpl(const ModelConfig& cfg) {
   word_embeddings = register_module(
-      "word_embeddings", torch::nn::Embedding(torch::nn::EmbeddingOptions(cfg.vocab_size, cfg.hidden_size)
-                                                  .padding_idx(cfg.pad_token_id)));
+      "word_embeddings", Embedding(cfg.vocab_size, cfg.hidden_size, cfg.pad_token_id));
   position_offset_ = is_roberta(cfg) ? cfg.pad_token_id + 1 : 0;
   position_embeddings = register_module(
       "position_embeddings", torch::nn::Embedding(cfg.max_position_embeddings, cfg.hidden_size));
@@ -66,26 +65,26 @@ at::Tensor BertEmbeddingsImpl::forward(const at::Tensor& input_ids, const at::Te
 }
 
 BertSelfAttentionImpl::BertSelfAttentionImpl(const ModelConfig& cfg)
-    : heads_(cfg.num_attention_heads), head_dim_(cfg.hidden_size / cfg.num_attention_heads) {
-  query = register_module("query", torch::nn::Linear(cfg.hidden_size, cfg.hidden_size));
-  key = register_module("key", torch::nn::Linear(cfg.hidden_size, cfg.hidden_size));
-  value = register_module("value", torch::nn::Linear(cfg.hidden_size, cfg.hidden_size));
-  dropout = register_module("dropout", torch::nn::Dropout(cfg.attention_probs_dropout_prob));
+    : head_dim_(cfg.hidden_size / cfg.num_attention_heads) {
+  query = register_module("query", Linear(cfg.hidden_size, cfg.hidden_size));
+  key = register_module("key", Linear(cfg.hidden_size, cfg.hidden_size));
+  value = register_module("value", Linear(cfg.hidden_size, cfg.hidden_size));
+  dropout = register_module("dropout", Dropout(cfg.attention_probs_dropout_prob));
 }
 
 at::Tensor BertSelfAttentionImpl::forward(const at::Tensor& x, const at::Tensor& additive_mask) {
   const int64_t b = x.size(0), l = x.size(1);
-  auto split = [&](const at::Tensor& t) { return t.view({b, l, heads_, head_dim_}).transpose(1, 2); };
+  auto split = [&](const at::Tensor& t) { return t.view({b, l, -1, head_dim_}).transpose(1, 2); };
   auto q = split(query(x)), k = split(key(x)), v = split(value(x));
   auto scores = torch::matmul(q, k.transpose(-1, -2)) / std::sqrt(static_cast<double>(head_dim_));
   if (additive_mask.defined()) scores = scores + additive_mask;
   auto probs = dropout(torch::softmax(scores, -1));
   auto ctx = torch::matmul(probs, v).transpose(1, 2).contiguous();
-  return ctx.view({b, l, heads_ * head_dim_});
+  return ctx.view({b, l, -1});
 }
 
 BertOutputImpl::BertOutputImpl(int64_t in, int64_t out, const ModelConfig& cfg) {
-  dense = register_module("dense", torch::nn::Linear(in, out));
+  dense = register_module("dense", Linear(in, out));
   LayerNorm = register_module("LayerNorm", layer_norm(cfg));
   dropout = register_module("dropout", torch::nn::Dropout(cfg.hidden_dropout_prob));
 }
@@ -104,7 +103,7 @@ at::Tensor BertAttentionImpl::forward(const at::Tensor& x, const at::Tensor& add
 }
 
 BertIntermediateImpl::BertIntermediateImpl(const ModelConfig& cfg) : act_(cfg.hidden_act) {
-  dense = register_module("dense", torch::nn::Linear(cfg.hidden_size, cfg.intermediate_size));
+  dense = register_module("dense", Linear(cfg.hidden_size, cfg.intermediate_size));
   check_hf_activation(act_);  // reject an unsupported activation at build time
 }
 
@@ -154,9 +153,11 @@ at::Tensor BertModelImpl::forward(const at::Tensor& input_ids, const at::Tensor&
   return encoder(embeddings(input_ids, types), additive);
 }
 
-BertLMHeadImpl::BertLMHeadImpl(const ModelConfig& cfg, const at::Tensor& word_embeddings)
+BertLMHeadImpl::BertLMHeadImpl(const ModelConfig& cfg, Embedding word_embeddings)
     // HF's RobertaLMHead applies gelu whatever hidden_act says; BERT's head uses hidden_act.
-    : decoder_weight_(word_embeddings), act_(is_roberta(cfg) ? "gelu" : cfg.hidden_act) {
+    : decoder_weight_(word_embeddings->weight),
+      decoder_(std::move(word_embeddings)),
+      act_(is_roberta(cfg) ? "gelu" : cfg.hidden_act) {
   dense = torch::nn::Linear(cfg.hidden_size, cfg.hidden_size);
   LayerNorm = layer_norm(cfg);
   if (is_roberta(cfg)) {
@@ -176,7 +177,7 @@ at::Tensor BertLMHeadImpl::transform(const at::Tensor& hidden) {
 }
 
 at::Tensor BertLMHeadImpl::forward(const at::Tensor& hidden) {
-  return torch::nn::functional::linear(transform(hidden), decoder_weight_, bias);
+  return lm_logits(transform(hidden), decoder_weight_, bias, decoder_->tp);
 }
 
 BertForMaskedLMImpl::BertForMaskedLMImpl(const ModelConfig& cfg)
@@ -185,7 +186,7 @@ BertForMaskedLMImpl::BertForMaskedLMImpl(const ModelConfig& cfg)
                  cfg.model_type, "' is not a masked-LM model this class builds (bert, roberta)");
   const bool roberta = is_roberta(cfg);
   encoder_model = register_module(roberta ? "roberta" : "bert", BertModel(cfg));
-  lm_head = BertLMHead(cfg, encoder_model->embeddings->word_embeddings->weight);
+  lm_head = BertLMHead(cfg, encoder_model->embeddings->word_embeddings);
   if (roberta) {
     register_module("lm_head", lm_head);
   } else {
@@ -197,6 +198,22 @@ BertForMaskedLMImpl::BertForMaskedLMImpl(const ModelConfig& cfg)
 }
 
 void BertForMaskedLMImpl::set_activation_checkpointing(bool on) { encoder_model->encoder->checkpoint_layers = on; }
+
+TpPlan BertForMaskedLMImpl::tensor_parallel_plan() const {
+  const std::string base = is_roberta(config_) ? "roberta" : "bert";
+  const std::string layer = base + R"(\.encoder\.layer\.\d+\.)";
+  TpPlan p;
+  p.model = config_.model_type;
+  p.layers = {{base + R"(\.embeddings\.word_embeddings)", TpStyle::kVocab},
+              {layer + R"(attention\.self\.(query|key|value))", TpStyle::kColumn},
+              {layer + R"(attention\.output\.dense)", TpStyle::kRow},
+              {layer + R"(intermediate\.dense)", TpStyle::kColumn},
+              {layer + R"(output\.dense)", TpStyle::kRow},
+              {is_roberta(config_) ? R"(lm_head\.bias)" : R"(cls\.predictions\.bias)", TpStyle::kVocab}};
+  p.region_dropouts = {layer + R"(attention\.self\.dropout)"};
+  p.divisible = {{"num_attention_heads", config_.num_attention_heads}, {"intermediate_size", config_.intermediate_size}};
+  return p;
+}
 
 void BertForMaskedLMImpl::init_weights(double std) {
   init_hf_weights(*this, std);
@@ -210,7 +227,7 @@ ModelOutput BertForMaskedLMImpl::forward(const at::Tensor& input_ids, const at::
   out.hidden_states = encoder_model(input_ids, attention_mask, token_type_ids);
   auto head = masked_lm_head(
       out.hidden_states, labels, [&](const at::Tensor& h) { return lm_head->transform(h); }, lm_head->decoder_weight_,
-      lm_head->bias, score_masked_only_, fused_lm_loss_);
+      lm_head->bias, score_masked_only_, fused_lm_loss_, &lm_head->decoder_->tp);
   out.loss = head.loss;
   out.logits = head.logits;
   return out;

@@ -15,6 +15,7 @@
 #include "polytrain/common/config.h"
 #include "polytrain/models/activation_checkpoint.h"
 #include "polytrain/models/model_output.h"
+#include "polytrain/models/tp_layers.h"
 
 namespace polytrain {
 
@@ -22,7 +23,8 @@ namespace polytrain {
 struct BertEmbeddingsImpl : torch::nn::Module {
   explicit BertEmbeddingsImpl(const ModelConfig& cfg);
   at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& token_type_ids);
-  torch::nn::Embedding word_embeddings{nullptr}, position_embeddings{nullptr},
+  Embedding word_embeddings{nullptr};
+  torch::nn::Embedding position_embeddings{nullptr},
       token_type_embeddings{nullptr};
   torch::nn::LayerNorm LayerNorm{nullptr};
   torch::nn::Dropout dropout{nullptr};
@@ -35,9 +37,9 @@ struct BertSelfAttentionImpl : torch::nn::Module {
   explicit BertSelfAttentionImpl(const ModelConfig& cfg);
   /// additive_mask: [B, 1, 1, L], 0 for tokens to attend, a large negative for padding.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& additive_mask);
-  torch::nn::Linear query{nullptr}, key{nullptr}, value{nullptr};
-  torch::nn::Dropout dropout{nullptr};
-  int64_t heads_, head_dim_;
+  Linear query{nullptr}, key{nullptr}, value{nullptr};
+  Dropout dropout{nullptr};  ///< attention probabilities: the tensor-parallel stream when split
+  int64_t head_dim_;         ///< the local head count is read from the projections' width
 };
 TORCH_MODULE(BertSelfAttention);
 
@@ -45,7 +47,7 @@ TORCH_MODULE(BertSelfAttention);
 struct BertOutputImpl : torch::nn::Module {
   BertOutputImpl(int64_t in, int64_t out, const ModelConfig& cfg);
   at::Tensor forward(const at::Tensor& x, const at::Tensor& residual);
-  torch::nn::Linear dense{nullptr};
+  Linear dense{nullptr};
   torch::nn::LayerNorm LayerNorm{nullptr};
   torch::nn::Dropout dropout{nullptr};
 };
@@ -62,7 +64,7 @@ TORCH_MODULE(BertAttention);
 struct BertIntermediateImpl : torch::nn::Module {
   explicit BertIntermediateImpl(const ModelConfig& cfg);
   at::Tensor forward(const at::Tensor& x);
-  torch::nn::Linear dense{nullptr};
+  Linear dense{nullptr};
   std::string act_;
 };
 TORCH_MODULE(BertIntermediate);
@@ -97,13 +99,14 @@ TORCH_MODULE(BertModel);
 
 /// HF BertLMPredictionHead / RobertaLMHead: transform, then a decoder tied to the word embeddings.
 struct BertLMHeadImpl : torch::nn::Module {
-  BertLMHeadImpl(const ModelConfig& cfg, const at::Tensor& word_embeddings);
+  BertLMHeadImpl(const ModelConfig& cfg, Embedding word_embeddings);
   at::Tensor forward(const at::Tensor& hidden);
   /// dense + activation + LayerNorm: the hidden states the tied decoder projects.
   at::Tensor transform(const at::Tensor& hidden);
   torch::nn::Linear dense{nullptr};
   torch::nn::LayerNorm LayerNorm{nullptr};
   at::Tensor decoder_weight_;  ///< tied: the word embedding matrix (not registered twice)
+  Embedding decoder_{nullptr};  ///< the word embeddings (not registered here): how the decoder is split
   at::Tensor bias;
   std::string act_;
 };
@@ -121,10 +124,13 @@ class BertForMaskedLM;  // TORCH_MODULE holder, defined below
 
 /// BERT (or RoBERTa, by model_type) with the masked-LM head. Parameter names are HF's:
 /// bert.* + cls.predictions.* for BERT, roberta.* + lm_head.* for RoBERTa.
-struct BertForMaskedLMImpl : torch::nn::Module, ActivationCheckpointing {
+struct BertForMaskedLMImpl : torch::nn::Module, ActivationCheckpointing, TensorParallelPlanned {
   explicit BertForMaskedLMImpl(const ModelConfig& cfg);
   /// Checkpoints every encoder layer (the embeddings and the head are kept).
   void set_activation_checkpointing(bool on) override;
+  /// Megatron's BERT split: vocab-parallel word embeddings and decoder (bias included),
+  /// query/key/value and intermediate column-parallel, both output denses row-parallel.
+  TpPlan tensor_parallel_plan() const override;
   /// labels: -100 where no prediction is wanted. When score_masked_only is set, logits are
   /// computed only at labelled positions (same loss, less work; NVIDIA/Megatron BERT do this).
   /// When fused_lm_loss is set and labels are given, the loss is computed without the [N, V]

@@ -1,4 +1,5 @@
 #include "polytrain/models/fused_lm_loss.h"
+#include "polytrain/models/tp_layers.h"
 
 #include <algorithm>
 
@@ -152,11 +153,13 @@ at::Tensor fused_linear_cross_entropy(const at::Tensor& hidden, const at::Tensor
 
 LmHeadOutput masked_lm_head(const at::Tensor& hidden, const at::Tensor& labels,
                             const std::function<at::Tensor(const at::Tensor&)>& transform, const at::Tensor& weight,
-                            const at::Tensor& bias, bool sparse, bool fused) {
+                            const at::Tensor& bias, bool sparse, bool fused, const TpSlot* vocab_slot) {
   namespace F = torch::nn::functional;
+  const TpSlot plain;
+  const TpSlot& vocab = vocab_slot ? *vocab_slot : plain;
   LmHeadOutput out;
   if (!labels.defined()) {
-    out.logits = F::linear(transform(hidden), weight, bias);
+    out.logits = lm_logits(transform(hidden), weight, bias, vocab);
     return out;
   }
   auto h = hidden, y = labels;
@@ -167,10 +170,10 @@ LmHeadOutput masked_lm_head(const at::Tensor& hidden, const at::Tensor& labels,
     y = flat.index_select(0, idx);
   }
   if (fused) {
-    out.loss = fused_linear_cross_entropy(transform(h), weight, bias, y);
+    out.loss = lm_loss(transform(h), weight, bias, y, vocab);
     return out;
   }
-  out.logits = F::linear(transform(h), weight, bias);
+  out.logits = lm_logits(transform(h), weight, bias, vocab);
   out.loss = F::cross_entropy(out.logits.reshape({-1, out.logits.size(-1)}), y.reshape({-1}),
                               F::CrossEntropyFuncOptions().ignore_index(-100));
   return out;

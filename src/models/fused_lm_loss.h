@@ -15,6 +15,8 @@
 
 namespace polytrain {
 
+struct TpSlot;
+
 /// hidden [..., H], weight [V, H], bias [V] or undefined, labels [...] (int64, ignore_index
 /// where no prediction is wanted). Returns the mean loss over labelled rows (NaN when there
 /// are none, as torch's cross_entropy). Differentiable w.r.t. hidden, weight and bias.
@@ -34,9 +36,11 @@ struct LmHeadOutput {
 /// (`weight` [V, H], `bias` [V]). sparse: only rows with a label (!= -100) go through the head
 /// (NVIDIA/Megatron BERT); fused: fused_linear_cross_entropy, no logits; otherwise full logits
 /// (of the selected rows when sparse) and cross_entropy with ignore_index -100. Without labels:
-/// the logits of every position.
+/// the logits of every position. `vocab`: how the decoder is split under tensor parallelism
+/// (models/tp_layers.h; null or unsplit: a plain head): the fused path becomes the
+/// vocab-parallel cross entropy, logits are gathered.
 LmHeadOutput masked_lm_head(const at::Tensor& hidden, const at::Tensor& labels,
                             const std::function<at::Tensor(const at::Tensor&)>& transform, const at::Tensor& weight,
-                            const at::Tensor& bias, bool sparse, bool fused);
+                            const at::Tensor& bias, bool sparse, bool fused, const TpSlot* vocab = nullptr);
 
 }  // namespace polytrain

@@ -100,16 +100,18 @@ Gpt2Conv1DImpl::Gpt2Conv1DImpl(int64_t in, int64_t out) {
 }
 
 at::Tensor Gpt2Conv1DImpl::forward(const at::Tensor& x) {
-  auto sizes = x.sizes().vec();
+  auto in = tp_enter(x);
+  auto sizes = in.sizes().vec();
   sizes.back() = weight.size(1);
-  return torch::addmm(bias, x.reshape({-1, x.size(-1)}), weight).view(sizes);
+  const auto rows = in.reshape({-1, in.size(-1)});
+  if (tp_bias_after()) return tp_leave(torch::mm(rows, weight).view(sizes), bias);
+  return tp_leave(torch::addmm(bias, rows, weight).view(sizes), at::Tensor());
 }
 
-Gpt2AttentionImpl::Gpt2AttentionImpl(const Gpt2Config& cfg, int64_t layer_idx)
-    : heads_(cfg.n_head), head_dim_(cfg.n_embd / cfg.n_head) {
+Gpt2AttentionImpl::Gpt2AttentionImpl(const Gpt2Config& cfg, int64_t layer_idx) : head_dim_(cfg.n_embd / cfg.n_head) {
   c_attn = register_module("c_attn", Gpt2Conv1D(cfg.n_embd, 3 * cfg.n_embd));
   c_proj = register_module("c_proj", Gpt2Conv1D(cfg.n_embd, cfg.n_embd));
-  attn_dropout = register_module("attn_dropout", torch::nn::Dropout(cfg.attn_pdrop));
+  attn_dropout = register_module("attn_dropout", Dropout(cfg.attn_pdrop));
   resid_dropout = register_module("resid_dropout", torch::nn::Dropout(cfg.resid_pdrop));
   scale_ = 1.0;
   if (cfg.scale_attn_weights) scale_ /= std::sqrt(static_cast<double>(head_dim_));
@@ -118,8 +120,9 @@ Gpt2AttentionImpl::Gpt2AttentionImpl(const Gpt2Config& cfg, int64_t layer_idx)
 
 at::Tensor Gpt2AttentionImpl::forward(const at::Tensor& x, const at::Tensor& masked) {
   const int64_t b = x.size(0), l = x.size(1);
-  auto qkv = c_attn(x).split(heads_ * head_dim_, 2);
-  auto heads = [&](const at::Tensor& t) { return t.view({b, l, heads_, head_dim_}).transpose(1, 2); };
+  auto fused = c_attn(x);  // [B, L, 3 x (local heads x head_dim)]
+  auto qkv = fused.split(fused.size(-1) / 3, 2);
+  auto heads = [&](const at::Tensor& t) { return t.view({b, l, -1, head_dim_}).transpose(1, 2); };
   auto q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
   auto scores = torch::matmul(q, k.transpose(-1, -2));
   if (scale_ != 1.0) scores = scores * scale_;
@@ -128,7 +131,7 @@ at::Tensor Gpt2AttentionImpl::forward(const at::Tensor& x, const at::Tensor& mas
   if (scores.scalar_type() != torch::kFloat && scores.scalar_type() != torch::kDouble) scores = scores.to(torch::kFloat);
   scores = scores.masked_fill(masked, std::numeric_limits<float>::lowest());
   auto probs = attn_dropout(torch::softmax(scores, -1).to(v.scalar_type()));
-  auto ctx = torch::matmul(probs, v).transpose(1, 2).reshape({b, l, heads_ * head_dim_});
+  auto ctx = torch::matmul(probs, v).transpose(1, 2).reshape({b, l, -1});
   return resid_dropout(c_proj(ctx));
 }
 
@@ -154,7 +157,7 @@ at::Tensor Gpt2BlockImpl::forward(const at::Tensor& x, const at::Tensor& masked)
 }
 
 Gpt2ModelImpl::Gpt2ModelImpl(const Gpt2Config& cfg) {
-  wte = register_module("wte", torch::nn::Embedding(cfg.vocab_size, cfg.n_embd));
+  wte = register_module("wte", Embedding(cfg.vocab_size, cfg.n_embd));
   wpe = register_module("wpe", torch::nn::Embedding(cfg.n_positions, cfg.n_embd));
   drop = register_module("drop", torch::nn::Dropout(cfg.embd_pdrop));
   h = register_module("h", torch::nn::ModuleList());
@@ -184,16 +187,31 @@ at::Tensor Gpt2ModelImpl::forward(const at::Tensor& input_ids, const at::Tensor&
 
 Gpt2LMHeadModelImpl::Gpt2LMHeadModelImpl(const Gpt2Config& cfg) : config_(cfg) {
   transformer = register_module("transformer", Gpt2Model(cfg));
-  if (!cfg.tie_word_embeddings) {
-    auto head = std::make_shared<torch::nn::Module>("lm_head");
-    lm_head_ = head->register_parameter("weight", torch::empty({cfg.vocab_size, cfg.n_embd}));
-    register_module("lm_head", head);
-  }
+  if (!cfg.tie_word_embeddings) lm_head = register_module("lm_head", Linear(cfg.n_embd, cfg.vocab_size, false));
   init_weights();
 }
 
 at::Tensor Gpt2LMHeadModelImpl::lm_head_weight() const {
-  return config_.tie_word_embeddings ? transformer->wte->weight : lm_head_;
+  return config_.tie_word_embeddings ? transformer->wte->weight : lm_head->weight;
+}
+
+const TpSlot& Gpt2LMHeadModelImpl::lm_head_slot() const {
+  return config_.tie_word_embeddings ? transformer->wte->tp : lm_head->tp;
+}
+
+TpPlan Gpt2LMHeadModelImpl::tensor_parallel_plan() const {
+  TpPlan p;
+  p.model = "gpt2";
+  p.layers = {{R"(transformer\.wte)", TpStyle::kVocab},
+              {R"(transformer\.h\.\d+\.attn\.c_attn)", TpStyle::kColumn, /*blocks=*/3},
+              {R"(transformer\.h\.\d+\.attn\.c_proj)", TpStyle::kRow},
+              {R"(transformer\.h\.\d+\.mlp\.c_fc)", TpStyle::kColumn},
+              {R"(transformer\.h\.\d+\.mlp\.c_proj)", TpStyle::kRow}};
+  if (!config_.tie_word_embeddings) p.layers.push_back({"lm_head", TpStyle::kVocab});
+  p.region_dropouts = {R"(transformer\.h\.\d+\.attn\.attn_dropout)"};
+  p.divisible = {{"n_head", config_.n_head},
+                 {"n_inner", config_.n_inner > 0 ? config_.n_inner : 4 * config_.n_embd}};
+  return p;
 }
 
 void Gpt2LMHeadModelImpl::set_activation_checkpointing(bool on) { transformer->checkpoint_blocks = on; }
@@ -229,16 +247,16 @@ ModelOutput Gpt2LMHeadModelImpl::forward(const at::Tensor& input_ids, const at::
     auto h = out.hidden_states.narrow(1, 0, l - 1);
     auto y = labels.narrow(1, 1, l - 1);
     if (config_.fused_lm_loss) {
-      out.loss = fused_linear_cross_entropy(h, w, at::Tensor(), y);
+      out.loss = lm_loss(h, w, at::Tensor(), y, lm_head_slot());
       return out;
     }
-    out.logits = F::linear(out.hidden_states, w);
+    out.logits = lm_logits(out.hidden_states, w, at::Tensor(), lm_head_slot());
     auto shifted = out.logits.narrow(1, 0, l - 1);
     out.loss = F::cross_entropy(shifted.reshape({-1, shifted.size(-1)}), y.reshape({-1}),
                                 F::CrossEntropyFuncOptions().ignore_index(-100));
     return out;
   }
-  out.logits = F::linear(out.hidden_states, w);
+  out.logits = lm_logits(out.hidden_states, w, at::Tensor(), lm_head_slot());
   return out;
 }
 

@@ -14,6 +14,7 @@
 
 #include "polytrain/models/activation_checkpoint.h"
 #include "polytrain/models/model_output.h"
+#include "polytrain/models/tp_layers.h"
 
 namespace polytrain {
 
@@ -47,10 +48,14 @@ Gpt2Config gpt2_config_from_json(const nlohmann::json& j, const std::string& ori
 /// HF config.json: model_type gpt2, architectures [GPT2LMHeadModel], every field.
 nlohmann::json gpt2_config_to_json(const Gpt2Config& c);
 
-/// HF's Conv1D: y = x W + b with W stored [in, out] (the transpose of a Linear's).
-struct Gpt2Conv1DImpl : torch::nn::Module {
+/// HF's Conv1D: y = x W + b with W stored [in, out] (the transpose of a Linear's); splits like
+/// a Linear along its output dim 1.
+struct Gpt2Conv1DImpl : torch::nn::Module, TpShardable {
   Gpt2Conv1DImpl(int64_t in, int64_t out);
   at::Tensor forward(const at::Tensor& x);
+  at::Tensor tp_weight() const override { return weight; }
+  at::Tensor tp_bias() const override { return bias; }
+  int64_t tp_out_dim() const override { return 1; }
   at::Tensor weight, bias;
 };
 TORCH_MODULE(Gpt2Conv1D);
@@ -60,8 +65,9 @@ struct Gpt2AttentionImpl : torch::nn::Module {
   /// masked: bool [B or 1, 1, L, L], true where query i must not attend key j (causal + padding).
   at::Tensor forward(const at::Tensor& x, const at::Tensor& masked);
   Gpt2Conv1D c_attn{nullptr}, c_proj{nullptr};
-  torch::nn::Dropout attn_dropout{nullptr}, resid_dropout{nullptr};
-  int64_t heads_, head_dim_;
+  Dropout attn_dropout{nullptr};  ///< on this rank's heads: the tensor-parallel stream when split
+  torch::nn::Dropout resid_dropout{nullptr};
+  int64_t head_dim_;  ///< the local head count is read from c_attn's width
   double scale_;
 };
 TORCH_MODULE(Gpt2Attention);
@@ -89,7 +95,8 @@ TORCH_MODULE(Gpt2Block);
 struct Gpt2ModelImpl : torch::nn::Module {
   explicit Gpt2ModelImpl(const Gpt2Config& cfg);
   at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& attention_mask);
-  torch::nn::Embedding wte{nullptr}, wpe{nullptr};
+  Embedding wte{nullptr};
+  torch::nn::Embedding wpe{nullptr};
   torch::nn::Dropout drop{nullptr};
   torch::nn::ModuleList h{nullptr};
   torch::nn::LayerNorm ln_f{nullptr};
@@ -99,17 +106,22 @@ TORCH_MODULE(Gpt2Model);
 
 /// HF GPT2LMHeadModel: "transformer" + an LM head tied to wte (or its own lm_head.weight when
 /// tie_word_embeddings is false).
-struct Gpt2LMHeadModelImpl : torch::nn::Module, ActivationCheckpointing {
+struct Gpt2LMHeadModelImpl : torch::nn::Module, ActivationCheckpointing, TensorParallelPlanned {
   explicit Gpt2LMHeadModelImpl(const Gpt2Config& cfg);
   /// input_ids [B, L]; attention_mask [B, L] 1/0 or undefined; labels [B, L] (usually the
   /// input ids; -100 = ignored): the loss is HF's, token t predicts labels[t + 1].
   ModelOutput forward(const at::Tensor& input_ids, const at::Tensor& attention_mask = {},
                       const at::Tensor& labels = {});
   void set_activation_checkpointing(bool on) override;
+  /// Megatron's GPT split: vocab-parallel wte (and LM head), c_attn column-parallel per q/k/v
+  /// block, c_fc column, both c_proj row, attention dropout on the per-rank stream.
+  TpPlan tensor_parallel_plan() const override;
   /// HF's _init_weights: N(0, initializer_range), c_proj weights N(0, range / sqrt(2 n_layer)).
   void init_weights();
   /// The [V, H] output projection (wte's weight when tied).
   at::Tensor lm_head_weight() const;
+  /// How the output projection is split (wte's slot when tied).
+  const TpSlot& lm_head_slot() const;
 
   /// config.json + model.safetensors in HF's layout (the tied lm_head is not written, as HF).
   void save_pretrained(const std::string& dir) const;
@@ -119,7 +131,7 @@ struct Gpt2LMHeadModelImpl : torch::nn::Module, ActivationCheckpointing {
 
   Gpt2Config config_;
   Gpt2Model transformer{nullptr};
-  at::Tensor lm_head_;  ///< registered as lm_head.weight only when untied
+  Linear lm_head{nullptr};  ///< only when untied (lm_head.weight)
 };
 TORCH_MODULE(Gpt2LMHeadModel);
 

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "polytrain/common/error.h"
+#include "polytrain/models/tp_layers.h"
 
 namespace polytrain {
 
@@ -43,9 +44,15 @@ void init_hf_weights(torch::nn::Module& model, double std) {
     if (auto* lin = m->as<torch::nn::Linear>()) {
       lin->weight.normal_(0.0, std);
       if (lin->bias.defined()) lin->bias.zero_();
+    } else if (auto* plin = m->as<LinearImpl>()) {
+      plin->weight.normal_(0.0, std);
+      if (plin->bias.defined()) plin->bias.zero_();
     } else if (auto* emb = m->as<torch::nn::Embedding>()) {
       emb->weight.normal_(0.0, std);
       if (emb->options.padding_idx()) emb->weight[*emb->options.padding_idx()].zero_();
+    } else if (auto* pemb = m->as<EmbeddingImpl>()) {
+      pemb->weight.normal_(0.0, std);
+      if (pemb->padding_idx) pemb->weight[*pemb->padding_idx].zero_();
     } else if (auto* ln = m->as<torch::nn::LayerNorm>()) {
       ln->weight.fill_(1.0);
       ln->bias.zero_();

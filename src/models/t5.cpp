@@ -69,9 +69,7 @@ at::Tensor relative_position_bucket(const at::Tensor& relative_position, bool bi
   return buckets + torch::where(is_small, pos, large);
 }
 
-torch::nn::Linear linear(int64_t in, int64_t out) {
-  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
-}
+Linear linear(int64_t in, int64_t out) { return Linear(in, out, /*with_bias=*/false); }
 
 }  // namespace
 
@@ -87,8 +85,7 @@ at::Tensor T5LayerNormImpl::forward(const at::Tensor& x) {
 }
 
 T5AttentionImpl::T5AttentionImpl(const T5Config& cfg, bool has_relative_attention_bias, bool bidirectional)
-    : heads_(cfg.num_heads),
-      d_kv_(cfg.d_kv),
+    : d_kv_(cfg.d_kv),
       num_buckets_(cfg.relative_attention_num_buckets),
       max_distance_(cfg.relative_attention_max_distance),
       bidirectional_(bidirectional),
@@ -100,7 +97,8 @@ T5AttentionImpl::T5AttentionImpl(const T5Config& cfg, bool has_relative_attentio
   o = register_module("o", linear(inner, cfg.d_model));
   if (has_relative_attention_bias)
     relative_attention_bias =
-        register_module("relative_attention_bias", torch::nn::Embedding(num_buckets_, cfg.num_heads));
+        register_module("relative_attention_bias", Embedding(num_buckets_, cfg.num_heads));
+  attn_dropout = register_module("attn_dropout", Dropout(cfg.dropout_rate));
 }
 
 at::Tensor T5AttentionImpl::compute_bias(int64_t query_length, int64_t key_length) const {
@@ -114,14 +112,15 @@ at::Tensor T5AttentionImpl::compute_bias(int64_t query_length, int64_t key_lengt
 
 at::Tensor T5AttentionImpl::forward(const at::Tensor& x, const at::Tensor& kv, const at::Tensor& bias) {
   const int64_t b = x.size(0);
-  auto split = [&](const at::Tensor& t) { return t.view({b, -1, heads_, d_kv_}).transpose(1, 2); };
+  const int64_t heads = q->weight.size(0) / d_kv_;  // this rank's heads
+  auto split = [&](const at::Tensor& t) { return t.view({b, -1, heads, d_kv_}).transpose(1, 2); };
   auto qs = split(q(x)), ks = split(k(kv)), vs = split(v(kv));
   auto scores = torch::matmul(qs, ks.transpose(3, 2));  // no 1/sqrt(d_kv): T5 folds it into q's init
   // HF adds in place, keeping the scores' dtype under autocast.
   if (bias.defined()) scores = (scores + bias).to(scores.scalar_type());
   auto weights = torch::softmax(scores.to(at::kFloat), -1).to(scores.scalar_type());
-  weights = torch::dropout(weights, dropout_, is_training());
-  auto out = torch::matmul(weights, vs).transpose(1, 2).contiguous().view({b, -1, heads_ * d_kv_});
+  weights = attn_dropout(weights);
+  auto out = torch::matmul(weights, vs).transpose(1, 2).contiguous().view({b, -1, heads * d_kv_});
   return o(out);
 }
 
@@ -148,7 +147,7 @@ T5LayerFFImpl::T5LayerFFImpl(const T5Config& cfg) : act_(cfg.dense_act_fn()), ga
     wi = dense->register_module("wi", linear(cfg.d_model, cfg.d_ff));
   }
   wo = dense->register_module("wo", linear(cfg.d_ff, cfg.d_model));
-  act_dropout = dense->register_module("dropout", torch::nn::Dropout(cfg.dropout_rate));
+  act_dropout = dense->register_module("dropout", Dropout(cfg.dropout_rate));
   register_module("DenseReluDense", dense);
   layer_norm = register_module("layer_norm", T5LayerNorm(cfg.d_model, cfg.layer_norm_epsilon));
   dropout = register_module("dropout", torch::nn::Dropout(cfg.dropout_rate));
@@ -222,7 +221,7 @@ T5ForConditionalGenerationImpl::T5ForConditionalGenerationImpl(const T5Config& c
                      cfg.decoder_layers() > 0 && cfg.num_heads > 0,
                  "model: T5 sizes (vocab_size, d_model, d_kv, d_ff, num_layers, num_decoder_layers, num_heads) "
                  "must be > 0");
-  shared = register_module("shared", torch::nn::Embedding(cfg.vocab_size, cfg.d_model));
+  shared = register_module("shared", Embedding(cfg.vocab_size, cfg.d_model));
   encoder = register_module("encoder", T5Stack(cfg, /*is_decoder=*/false));
   decoder = register_module("decoder", T5Stack(cfg, /*is_decoder=*/true));
   if (!cfg.tie_word_embeddings) lm_head = register_module("lm_head", linear(cfg.d_model, cfg.vocab_size));
@@ -252,6 +251,23 @@ void T5ForConditionalGenerationImpl::init_weights() {
   }
   shared->weight.normal_(0.0, f);
   if (lm_head) lm_head->weight.normal_(0.0, f);
+}
+
+TpPlan T5ForConditionalGenerationImpl::tensor_parallel_plan() const {
+  const std::string block = R"((encoder|decoder)\.block\.\d+\.layer\.\d+\.)";
+  const std::string attn = block + R"((SelfAttention|EncDecAttention)\.)";
+  TpPlan p;
+  p.model = "t5";
+  p.layers = {{"shared", TpStyle::kVocab},
+              {attn + "(q|k|v)", TpStyle::kColumn},
+              {attn + "o", TpStyle::kRow},
+              {attn + "relative_attention_bias", TpStyle::kHeads},
+              {block + R"(DenseReluDense\.(wi|wi_0|wi_1))", TpStyle::kColumn},
+              {block + R"(DenseReluDense\.wo)", TpStyle::kRow}};
+  if (!config_.tie_word_embeddings) p.layers.push_back({"lm_head", TpStyle::kVocab});
+  p.region_dropouts = {attn + "attn_dropout", block + R"(DenseReluDense\.dropout)"};
+  p.divisible = {{"num_heads", config_.num_heads}, {"d_ff", config_.d_ff}};
+  return p;
 }
 
 void T5ForConditionalGenerationImpl::set_activation_checkpointing(bool on) {
@@ -293,9 +309,9 @@ ModelOutput T5ForConditionalGenerationImpl::forward(const at::Tensor& input_ids,
   if (config_.tie_word_embeddings) {
     // Mesh TensorFlow rescales before the tied projection.
     auto seq = out.hidden_states * std::pow(static_cast<double>(config_.d_model), -0.5);
-    out.logits = F::linear(seq, shared->weight);
+    out.logits = lm_logits(seq, shared->weight, at::Tensor(), shared->tp);
   } else {
-    out.logits = lm_head(out.hidden_states);
+    out.logits = lm_logits(out.hidden_states, lm_head->weight, at::Tensor(), lm_head->tp);
   }
   if (labels.defined()) {
     out.loss = F::cross_entropy(out.logits.reshape({-1, out.logits.size(-1)}), labels.reshape({-1}),

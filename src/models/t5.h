@@ -14,6 +14,7 @@
 #include "polytrain/models/activation_checkpoint.h"
 #include "polytrain/models/model_output.h"
 #include "polytrain/models/t5_config.h"
+#include "polytrain/models/tp_layers.h"
 
 namespace polytrain {
 
@@ -35,9 +36,10 @@ struct T5AttentionImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& x, const at::Tensor& kv, const at::Tensor& bias);
   /// [1, H, Lq, Lk] learned bias per relative-position bucket (needs relative_attention_bias).
   at::Tensor compute_bias(int64_t query_length, int64_t key_length) const;
-  torch::nn::Linear q{nullptr}, k{nullptr}, v{nullptr}, o{nullptr};
-  torch::nn::Embedding relative_attention_bias{nullptr};
-  int64_t heads_, d_kv_, num_buckets_, max_distance_;
+  Linear q{nullptr}, k{nullptr}, v{nullptr}, o{nullptr};
+  Embedding relative_attention_bias{nullptr};  ///< [buckets, heads]; split by heads under tensor parallelism
+  Dropout attn_dropout{nullptr};  ///< attention weights (F.dropout in HF): the tensor-parallel stream when split
+  int64_t d_kv_, num_buckets_, max_distance_;  ///< the local head count is read from q's width
   bool bidirectional_;
   double dropout_;
 };
@@ -60,9 +62,10 @@ struct T5LayerFFImpl : torch::nn::Module {
   explicit T5LayerFFImpl(const T5Config& cfg);
   at::Tensor forward(const at::Tensor& x);
   std::shared_ptr<torch::nn::Module> dense;  ///< "DenseReluDense"
-  torch::nn::Linear wi{nullptr}, wi_0{nullptr}, wi_1{nullptr}, wo{nullptr};
+  Linear wi{nullptr}, wi_0{nullptr}, wi_1{nullptr}, wo{nullptr};
   T5LayerNorm layer_norm{nullptr};
-  torch::nn::Dropout dropout{nullptr}, act_dropout{nullptr};
+  torch::nn::Dropout dropout{nullptr};
+  Dropout act_dropout{nullptr};  ///< on d_ff (split under tensor parallelism: the region's stream)
   std::string act_;
   bool gated_;
 };
@@ -101,7 +104,7 @@ TORCH_MODULE(T5Stack);
 class T5ForConditionalGeneration;
 
 /// HF T5ForConditionalGeneration; named_parameters() are HF's state_dict keys minus the tied copies.
-struct T5ForConditionalGenerationImpl : torch::nn::Module, ActivationCheckpointing {
+struct T5ForConditionalGenerationImpl : torch::nn::Module, ActivationCheckpointing, TensorParallelPlanned {
   explicit T5ForConditionalGenerationImpl(const T5Config& cfg);
   /// labels: [B, T], -100 = ignored. decoder_input_ids default: labels shifted right, starting with
   /// decoder_start_token_id, -100 replaced by pad_token_id (HF _shift_right). loss = mean CE over
@@ -112,6 +115,9 @@ struct T5ForConditionalGenerationImpl : torch::nn::Module, ActivationCheckpointi
                       const at::Tensor& labels = {}, const at::Tensor& decoder_input_ids = {});
   /// Checkpoints every encoder and decoder block.
   void set_activation_checkpointing(bool on) override;
+  /// Megatron's split of every attention (q, k, v column; o row; relative bias by heads) and
+  /// feed-forward (wi column; wo row), vocab-parallel shared embedding and LM head.
+  TpPlan tensor_parallel_plan() const override;
   /// Re-draws every weight as HF's T5PreTrainedModel._init_weights (scaled by initializer_factor).
   void init_weights();
   /// HF _shift_right.
@@ -123,9 +129,9 @@ struct T5ForConditionalGenerationImpl : torch::nn::Module, ActivationCheckpointi
   static T5ForConditionalGeneration from_pretrained(const std::string& dir);
 
   T5Config config_;
-  torch::nn::Embedding shared{nullptr};
+  Embedding shared{nullptr};
   T5Stack encoder{nullptr}, decoder{nullptr};
-  torch::nn::Linear lm_head{nullptr};  ///< only when !tie_word_embeddings
+  Linear lm_head{nullptr};  ///< only when !tie_word_embeddings
 };
 TORCH_MODULE(T5ForConditionalGeneration);
 

@@ -132,6 +132,10 @@ class Backend {
   /// InputError naming `origin` and the tensor on a missing name or wrong shape.
   virtual void load_full_state(torch::nn::Module& model, const NamedTensors& state, const std::string& origin);
 
+  /// After training: leaves the whole model in `model` on every rank (collective; a backend
+  /// that splits the model gathers it back in place, so the model is a plain one again).
+  virtual void release_model(torch::nn::Module& model) {}
+
   /// This rank's own state (optimizer partitions, ...) for its shard of a checkpoint. Every
   /// rank calls save_shard when writes_shard(); a backend whose ranks hold identical state
   /// writes it from one rank only.

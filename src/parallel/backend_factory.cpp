@@ -3,6 +3,7 @@
 #include "polytrain/parallel/backend.h"
 #include "polytrain/parallel/ddp/ddp_backend.h"
 #include "polytrain/parallel/single/single_backend.h"
+#include "polytrain/parallel/tensor_parallel/tp_backend.h"
 #include "polytrain/parallel/zero/zero_backend.h"
 
 namespace polytrain {
@@ -12,9 +13,10 @@ std::unique_ptr<Backend> make_backend(const Config& cfg) {
   if (type == "pytorch") return std::make_unique<SingleBackend>(cfg);
   if (type == "pytorchDDP") return std::make_unique<DdpBackend>(cfg);
   if (type == "deepspeed") return std::make_unique<ZeroBackend>(cfg);
-  if (type == "deepspeed+mpu" || type == "hivemind")
+  if (type == "deepspeed+mpu") return std::make_unique<TensorParallelBackend>(cfg);
+  if (type == "hivemind")
     throw InputError("trainer.env_type: '" + type +
-                     "' is not available in this build yet (available: pytorch, pytorchDDP, deepspeed)");
+                     "' is not available in this build yet (available: pytorch, pytorchDDP, deepspeed, deepspeed+mpu)");
   throw InputError("trainer.env_type: unknown value '" + type +
                    "' (expected pytorch, pytorchDDP, deepspeed, deepspeed+mpu or hivemind)");
 }

@@ -59,7 +59,9 @@ void ReplicatedBackend::build(std::shared_ptr<torch::nn::Module> model, const Co
 }
 
 StepResult ReplicatedBackend::update(const StepRequest& request, int64_t step) {
-  return step_result(apply_update(params_, *optimizer_, update_options(request, clip_)), step, global_batch_);
+  return step_result(apply_update(params_, *optimizer_, update_options(request, clip_), norm_reduce_,
+                                  norm_params_ ? &*norm_params_ : nullptr),
+                     step, global_batch_);
 }
 
 void ReplicatedBackend::save_shard(torch::serialize::OutputArchive& archive) { optimizer_->save(archive); }

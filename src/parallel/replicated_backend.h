@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,10 @@ class ReplicatedBackend : public Backend {
   std::unique_ptr<Optimizer> optimizer_;
   std::vector<at::Tensor> params_;
   std::vector<std::string> names_;
+  /// For ranks that hold different parts of the model (tensor parallel): the gradients this
+  /// rank counts toward the norm and the sum over the ranks that hold the other parts.
+  SquaredNormReducer norm_reduce_;
+  std::optional<std::vector<at::Tensor>> norm_params_;
 };
 
 /// Parses trainer.pytorch_device ("cpu", "cuda", "cuda:N"); InputError when CUDA is asked for

@@ -213,12 +213,14 @@ void Trainer::setup(const std::shared_ptr<torch::nn::Module>& model, const Batch
                        "block) is on, but this model does not implement polytrain::ActivationCheckpointing");
     ac->set_activation_checkpointing(true);
   }
+  // The backend checks the model against its layout (a tensor-parallel plan, ...) before
+  // anything is written.
+  b.prepare(model, cfg_);
+  prepared_ = true;
   if (ctx.writes_logs) experiment_dir_ = create_experiment_dir(opts, config_to_json(cfg_));
   // Every rank writes into the same checkpoint folder; only the folder's creator knows its name.
   save_dir_ = opts.save_dir.empty() ? b.share((fs::path(experiment_dir_) / "checkpoints").string()) : opts.save_dir;
   metrics_ = std::make_unique<MetricsLogger>(cfg_, experiment_dir_, ctx.writes_logs);
-  b.prepare(model, cfg_);
-  prepared_ = true;
   model->train();
   schedule_ = make_lr_schedule(cfg_.scheduler, cfg_.optimizer.lr);
 }
@@ -368,6 +370,7 @@ TrainResult Trainer::train(std::shared_ptr<torch::nn::Module> model, const Batch
       save(*model, step_tag(step_), stream);
   }
   metrics_->finish();
+  backend_->release_model(*model);  // a split model is whole again (collective)
   result.steps = step_;
   result.skipped_steps = skipped_steps_;
   result.loss_scale = scaler_ ? scaler_->scale() : 1.0;

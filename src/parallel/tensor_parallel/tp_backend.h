@@ -1,0 +1,59 @@
+// env_type "deepspeed+mpu": Megatron-LM tensor parallelism on a TP x DP grid (FlagAI's switch,
+// trainer.model_parallel_size). Each tensor-parallel group splits the model by the model's
+// plan (models/tp_layers.h); each data-parallel group (the ranks holding the same part) runs
+// pytorchDDP's bucketed gradient averaging. TP peers read the same samples. The gradient norm
+// counts a split parameter's parts on every TP rank and a replicated one once; checkpoints hold
+// the consolidated model (any TP size loads it) plus one optimizer shard per TP rank.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <ATen/core/Generator.h>
+
+#include "polytrain/parallel/ddp/ddp_backend.h"
+#include "polytrain/parallel/process_grid.h"
+
+namespace polytrain {
+
+class TpSharding;
+class TensorParallelRegion;
+
+namespace detail {
+// The world and its split, built before DdpBackend (which gets the data-parallel group).
+struct TpGroups {
+  TpGroups(const Config& cfg, std::unique_ptr<Communicator> world);
+  std::unique_ptr<Communicator> world_, tp_, dp_;
+  GridShape shape_;
+  GridCoord coord_;
+};
+}  // namespace detail
+
+class TensorParallelBackend : private detail::TpGroups, public DdpBackend {
+ public:
+  /// Uses `world` when given (tests), else the communicator of the launcher's environment.
+  explicit TensorParallelBackend(const Config& cfg, std::unique_ptr<Communicator> world = nullptr);
+  ~TensorParallelBackend() override;
+  std::string name() const override { return "deepspeed+mpu"; }
+  void prepare(std::shared_ptr<torch::nn::Module> model, const Config& cfg) override;
+  void barrier() override;
+  std::string share(const std::string& value) override;
+  NamedTensors full_state(torch::nn::Module& model) override;
+  void load_full_state(torch::nn::Module& model, const NamedTensors& state, const std::string& origin) override;
+  bool writes_shard() const override { return ctx_.dp_rank == 0; }
+  void save_shard(torch::serialize::OutputArchive& archive) override;
+  void load_shards(ShardReader& reader) override;
+  void release_model(torch::nn::Module& model) override;
+
+  Communicator& tp_group() { return *tp_; }
+  const TpSharding& sharding() const { return *sharding_; }
+
+ private:
+  std::unique_ptr<TpSharding> sharding_;
+  std::shared_ptr<TensorParallelRegion> region_;
+  std::optional<at::Generator> generator_;  ///< dropout inside split regions: seed + 2718 + tp_rank
+  int64_t seed_ = 0;
+};
+
+}  // namespace polytrain
