@@ -69,6 +69,9 @@ TpSharding::TpSharding(torch::nn::Module& model, const TpPlan& plan, std::shared
                    p, ")");
   std::vector<std::regex> patterns;
   for (const auto& e : plan.layers) patterns.emplace_back(e.pattern, std::regex::ECMAScript);
+  // TP 1: nothing to split; the layers stay plain (the fused LM loss, no collectives) and only
+  // the region dropouts take the tensor-parallel stream, as Megatron's tracker does at TP 1.
+  const bool whole = p == 1;
   std::vector<bool> used(plan.layers.size(), false);
   torch::NoGradGuard no_grad;
 
@@ -93,6 +96,7 @@ TpSharding::TpSharding(torch::nn::Module& model, const TpPlan& plan, std::shared
       PT_CHECK(layer, "tensor-parallel plan of ", plan.model, ": module '", name, "' (", style_name(e.style),
                ") is not a polytrain tensor-parallel layer");
       used[i] = true;
+      if (whole) break;
       at::Tensor w = layer->tp_weight(), b = layer->tp_bias();
       const int64_t out = layer->tp_out_dim();
       TpSlot slot;
@@ -133,7 +137,7 @@ TpSharding::TpSharding(torch::nn::Module& model, const TpPlan& plan, std::shared
     for (size_t i = 0; i < plan.layers.size(); ++i) {
       if (plan.layers[i].style != TpStyle::kVocab || !std::regex_match(item.key(), patterns[i])) continue;
       used[i] = true;
-      if (!specs_.count(item.key())) split(item.key(), item.value(), {0, 1, true, 0}, "vocabulary");
+      if (!whole && !specs_.count(item.key())) split(item.key(), item.value(), {0, 1, true, 0}, "vocabulary");
     }
   }
   for (size_t i = 0; i < plan.layers.size(); ++i)

@@ -141,10 +141,15 @@ class CommRegion : public TensorParallelRegion {
   explicit CommRegion(Communicator& comm) : comm_(&comm) {}
   int64_t rank() const override { return comm_->rank(); }
   int64_t size() const override { return comm_->size(); }
-  at::Tensor copy_to(const at::Tensor& x) override { return CopyToRegion::apply(x, comm_); }
-  at::Tensor reduce_from(const at::Tensor& x) override { return ReduceFromRegion::apply(x, comm_); }
-  at::Tensor gather_last_dim(const at::Tensor& x) override { return GatherFromRegion::apply(x, comm_); }
-  at::Tensor scatter_last_dim(const at::Tensor& x) override { return ScatterToRegion::apply(x, comm_); }
+  // A group of one: every operator is the identity.
+  at::Tensor copy_to(const at::Tensor& x) override { return size() == 1 ? x : CopyToRegion::apply(x, comm_); }
+  at::Tensor reduce_from(const at::Tensor& x) override { return size() == 1 ? x : ReduceFromRegion::apply(x, comm_); }
+  at::Tensor gather_last_dim(const at::Tensor& x) override {
+    return size() == 1 ? x : GatherFromRegion::apply(x, comm_);
+  }
+  at::Tensor scatter_last_dim(const at::Tensor& x) override {
+    return size() == 1 ? x : ScatterToRegion::apply(x, comm_);
+  }
   at::Tensor vocab_cross_entropy(const at::Tensor& local_logits, const at::Tensor& labels, int64_t begin,
                                  int64_t valid, int64_t ignore_index) override {
     return VocabParallelCrossEntropy::apply(local_logits, labels, comm_, begin, valid, ignore_index);
