@@ -549,3 +549,28 @@ TEST(TpErrors, ModelParallelSizeMustDivideTheWorld) {
         << e.what();
   }
 }
+
+// A checkpoint saved at TP 2 resumes at TP 2 (above) and is refused at TP 1 with the way out.
+TEST(TpErrors, ResumeAtAnotherTensorParallelSizeSaysHow) {
+  TempDir tmp("tp_resume");
+  train("gpt2", tmp.path, TpRun{2, 2, 2, 0.0, 2});
+  const int port = free_port();
+  std::fflush(nullptr);
+  auto status = run_ranks(1, std::chrono::seconds(120), [&](int rank) {
+    TpRun r{1, 1, 4, 0.0, 2, /*resume=*/true};
+    Config cfg = run_config(tmp.path, r);
+    FamilyTrainer trainer(cfg, "gpt2");
+    trainer.set_backend(std::make_unique<TensorParallelBackend>(cfg, gloo(rank, 1, port)));
+    TokenSource data("gpt2", 64);
+    try {
+      trainer.train(make_model("gpt2", 0.0), data);
+    } catch (const InputError& e) {
+      const std::string msg = e.what();
+      if (msg.find("saved at model_parallel_size 2, this run has 1") != std::string::npos) return 0;
+      std::fprintf(stderr, "unexpected: %s\n", msg.c_str());
+      return 1;
+    }
+    return 1;
+  });
+  expect_ranks_pass(status);
+}
