@@ -33,8 +33,10 @@
 #include "polytrain/parallel/comm/counting_communicator.h"
 #include "polytrain/parallel/comm/gloo_communicator.h"
 #include "polytrain/parallel/tensor_parallel/tp_backend.h"
+#include "../tests/helpers/free_port.h"  // a port the kernel says is free
 
 using namespace polytrain;
+using polytrain::testing::free_port;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -47,10 +49,6 @@ double in_use_bytes() {
 }
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-int free_port() {
-  return 20000 + static_cast<int>((::getpid() * 7919 + Clock::now().time_since_epoch().count()) % 20000);
-}
 
 double gemm_gflops() {
   auto a = torch::randn({512, 512}), b = torch::randn({512, 512});

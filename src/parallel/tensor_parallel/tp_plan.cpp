@@ -18,9 +18,6 @@ using detail::cat;
 
 namespace {
 
-// Shapes print as c10 does: [6, 12].
-std::string shape_str(at::IntArrayRef s) { return cat(s); }
-
 int64_t padded_rows(int64_t whole, int64_t size) { return (whole + size - 1) / size * size; }
 
 const char* style_name(TpStyle s) {
@@ -79,7 +76,7 @@ TpSharding::TpSharding(torch::nn::Module& model, const TpPlan& plan, std::shared
     spec.whole = param.size(spec.dim);
     if (!spec.vocab)
       PT_INPUT_CHECK(spec.whole % (spec.blocks * p) == 0, "env_type deepspeed+mpu: ", what, " '", name, "' ",
-                     shape_str(param.sizes()), " has ", spec.whole, " features along dim ", spec.dim,
+                     cat(param.sizes()), " has ", spec.whole, " features along dim ", spec.dim,
                      spec.blocks > 1 ? cat(" (", spec.blocks, " blocks)") : std::string(),
                      ", not divisible by model_parallel_size (", p, ")");
     whole_shapes_[name] = param.sizes().vec();
@@ -158,8 +155,8 @@ TpSharding::TpSharding(torch::nn::Module& model, const TpPlan& plan, std::shared
 
 at::Tensor TpSharding::slice(const std::string& param, const at::Tensor& whole, const std::string& origin) const {
   const auto& shape = whole_shapes_.at(param);
-  PT_INPUT_CHECK(whole.sizes().vec() == shape, origin, ": '", param, "' is ", shape_str(whole.sizes()),
-                 ", the model's is ", shape_str(shape));
+  PT_INPUT_CHECK(whole.sizes().vec() == shape, origin, ": '", param, "' is ", cat(whole.sizes()),
+                 ", the model's is ", cat(at::IntArrayRef(shape)));
   return tp_slice(whole, specs_.at(param), rank_, size_);
 }
 
