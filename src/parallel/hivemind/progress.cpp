@@ -1,0 +1,218 @@
+#include "polytrain/parallel/hivemind/progress.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <msgpack.hpp>
+
+#include "polytrain/common/error.h"
+#include "polytrain/parallel/hivemind/dht.h"
+
+namespace polytrain::hivemind {
+
+double unix_seconds() {
+  using namespace std::chrono;
+  return duration<double>(system_clock::now().time_since_epoch()).count();
+}
+
+std::string encode_progress(const PeerProgress& p) {
+  msgpack::sbuffer buf;
+  msgpack::packer<msgpack::sbuffer> pk(buf);
+  pk.pack_array(5);
+  pk.pack_int64(p.epoch);
+  pk.pack_int64(p.samples_accumulated);
+  pk.pack_double(p.samples_per_second);
+  pk.pack_double(p.time);
+  if (p.client_mode) pk.pack_true(); else pk.pack_false();
+  return std::string(buf.data(), buf.size());
+}
+
+std::optional<PeerProgress> decode_progress(const std::string& payload) {
+  try {
+    size_t off = 0;
+    auto oh = msgpack::unpack(payload.data(), payload.size(), off, nullptr, nullptr,
+                              msgpack::unpack_limit(5, 0, 0, 0, 0, 1));
+    if (off != payload.size()) return std::nullopt;
+    const auto& o = oh.get();
+    if (o.type != msgpack::type::ARRAY || o.via.array.size != 5) return std::nullopt;
+    const auto* f = o.via.array.ptr;
+    auto as_int = [](const msgpack::object& x, int64_t& v) {
+      if (x.type != msgpack::type::POSITIVE_INTEGER || x.via.u64 > (uint64_t{1} << 53)) return false;
+      v = static_cast<int64_t>(x.via.u64);
+      return true;
+    };
+    auto as_num = [](const msgpack::object& x, double& v) {
+      if (x.type == msgpack::type::FLOAT64 || x.type == msgpack::type::FLOAT32) v = x.via.f64;
+      else if (x.type == msgpack::type::POSITIVE_INTEGER) v = static_cast<double>(x.via.u64);
+      else return false;
+      return std::isfinite(v) && v >= 0.0;
+    };
+    PeerProgress p;
+    if (!as_int(f[0], p.epoch) || !as_int(f[1], p.samples_accumulated) || !as_num(f[2], p.samples_per_second) ||
+        !as_num(f[3], p.time) || f[4].type != msgpack::type::BOOLEAN)
+      return std::nullopt;
+    p.client_mode = f[4].via.boolean;
+    return p;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+GlobalProgress aggregate_progress(const std::vector<PeerProgress>& others, const PeerProgress& self,
+                                  int64_t target_batch_size, double now, double min_refresh, double max_refresh) {
+  GlobalProgress g;
+  g.target_batch_size = target_batch_size;
+  std::vector<PeerProgress> all = others;
+  all.push_back(self);
+  g.epoch = self.epoch;
+  for (const auto& p : all) {
+    if (!p.client_mode) g.epoch = std::max(g.epoch, p.epoch);
+    g.num_clients += p.client_mode;
+  }
+  g.num_peers = static_cast<int>(all.size());
+  double total_sps = 0.0, estimated = 0.0;
+  for (const auto& p : all) {
+    total_sps += p.samples_per_second;
+    if (p.epoch != g.epoch) continue;
+    g.samples_accumulated += p.samples_accumulated;
+    estimated += static_cast<double>(p.samples_accumulated) + std::max(0.0, now - p.time) * p.samples_per_second;
+  }
+  const double remaining = static_cast<double>(target_batch_size) - estimated;
+  const double eta = total_sps > 0 ? std::max(0.0, remaining) / total_sps : (remaining > 0 ? max_refresh : 0.0);
+  g.eta_next_epoch = now + eta;
+  // hivemind refreshes sooner when more peers may come (expected drift of 3 peers or 20%).
+  const double n = g.num_peers;
+  const double expected_max = std::max(n + 3.0, n * 1.2);
+  g.next_fetch_time = now + std::clamp(eta * n / expected_max, min_refresh, max_refresh);
+  return g;
+}
+
+bool ready_to_update_epoch(const GlobalProgress& g, int64_t local_epoch, double now) {
+  return g.epoch > local_epoch || g.samples_accumulated >= g.target_batch_size || now >= g.eta_next_epoch;
+}
+
+ProgressTracker::ProgressTracker(DhtNode& dht, Options o, int64_t epoch) : dht_(dht), o_(std::move(o)) {
+  PT_CHECK(o_.expiration >= 11.0, "progress expiration ", o_.expiration, " s (OpenDHT needs >= 11 s)");
+  local_.epoch = epoch;
+  local_.client_mode = o_.client_mode;
+  local_.time = unix_seconds();
+  global_ = aggregate_progress({}, local_, o_.target_batch_size, local_.time);
+  thread_ = std::thread([this] { loop(); });
+}
+
+ProgressTracker::~ProgressTracker() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+PeerProgress ProgressTracker::snapshot() const {
+  PeerProgress p = local_;
+  p.samples_per_second = ema_sps_;
+  return p;
+}
+
+void ProgressTracker::report_local_step(int64_t samples, double seconds) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    local_.samples_accumulated += samples;
+    local_.time = unix_seconds();
+    if (seconds > 0) {
+      const double sps = static_cast<double>(samples) / seconds;
+      ema_sps_ = ema_sps_ == 0.0 ? sps : 0.1 * sps + 0.9 * ema_sps_;  // hivemind's PerformanceEMA
+    }
+    dirty_ = true;
+  }
+  cv_.notify_all();
+}
+
+void ProgressTracker::update_epoch(int64_t epoch) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    local_.epoch = epoch;
+    local_.samples_accumulated = 0;
+    local_.time = unix_seconds();
+    dirty_ = true;
+  }
+  cv_.notify_all();
+}
+
+int64_t ProgressTracker::local_epoch() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return local_.epoch;
+}
+
+int64_t ProgressTracker::local_samples() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return local_.samples_accumulated;
+}
+
+GlobalProgress ProgressTracker::global(bool refresh) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (refresh) {
+    fetch_wanted_ = true;
+    cv_.notify_all();
+    cv_.wait_for(lock, std::chrono::seconds(5), [&] { return !fetch_wanted_ || stop_; });
+  }
+  return global_;
+}
+
+bool ProgressTracker::publish_now() {
+  PeerProgress p;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    p = snapshot();
+    dirty_ = false;
+    last_publish_ = unix_seconds();
+  }
+  return dht_.store(o_.key, "progress", encode_progress(p),
+                    std::chrono::milliseconds(static_cast<int64_t>(o_.expiration * 1000)), std::chrono::seconds(3));
+}
+
+GlobalProgress ProgressTracker::fetch_and_aggregate() {
+  const auto records = dht_.fetch(o_.key, std::chrono::seconds(2));
+  std::vector<PeerProgress> others;
+  const auto& me = dht_.identity().public_key();
+  for (const auto& r : records) {
+    if (r.owner == me || r.kind != "progress") continue;
+    if (auto p = decode_progress(r.payload)) others.push_back(*p);
+  }
+  PeerProgress self;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    self = snapshot();
+  }
+  return aggregate_progress(others, self, o_.target_batch_size, unix_seconds());
+}
+
+void ProgressTracker::loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    const double now = unix_seconds();
+    const bool publish = (dirty_ && now - last_publish_ >= o_.min_publish_interval) ||
+                         now - last_publish_ >= o_.expiration / 2;
+    const bool fetch = fetch_wanted_ || now >= global_.next_fetch_time;
+    if (!publish && !fetch) {
+      double wake = std::min(global_.next_fetch_time, last_publish_ + o_.expiration / 2);
+      if (dirty_) wake = std::min(wake, last_publish_ + o_.min_publish_interval);
+      cv_.wait_for(lock, std::chrono::duration<double>(std::clamp(wake - now, 0.001, 1.0)));
+      continue;
+    }
+    lock.unlock();
+    if (publish) publish_now();
+    if (fetch) {
+      GlobalProgress g = fetch_and_aggregate();
+      lock.lock();
+      global_ = g;
+      fetch_wanted_ = false;
+      cv_.notify_all();
+      lock.unlock();
+    }
+    lock.lock();
+  }
+}
+
+}  // namespace polytrain::hivemind

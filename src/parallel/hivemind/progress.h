@@ -1,0 +1,107 @@
+// The swarm's progress toward each global batch (hivemind's ProgressTracker), no torch.
+//
+// Every peer publishes {epoch, samples_accumulated, samples_per_second, time, client_mode}
+// under `{run_id}_progress` (one record per peer, replaced on each publish). From all of them:
+//  - the global epoch is the highest epoch of any non-client peer (and at least our own);
+//  - samples accumulated count only peers at that epoch;
+//  - the ETA of the next epoch extrapolates each such peer's samples from its report time at
+//    its throughput: remaining = target - sum(samples_i + sps_i * (now - time_i)),
+//    eta = now + max(0, remaining) / sum(sps);
+//  - a peer is ready to step when the target is reached, another peer is already in a later
+//    epoch, or the ETA has passed.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace polytrain::hivemind {
+
+class DhtNode;
+
+struct PeerProgress {
+  int64_t epoch = 0;
+  int64_t samples_accumulated = 0;
+  double samples_per_second = 0.0;
+  double time = 0.0;  ///< Unix seconds of the report
+  bool client_mode = false;
+};
+
+std::string encode_progress(const PeerProgress& p);
+/// Strict: a well-formed payload with finite, non-negative numbers, or nothing.
+std::optional<PeerProgress> decode_progress(const std::string& payload);
+
+struct GlobalProgress {
+  int64_t epoch = 0;
+  int64_t samples_accumulated = 0;
+  int64_t target_batch_size = 0;
+  int num_peers = 0;    ///< peers with a live record (this one included)
+  int num_clients = 0;
+  double eta_next_epoch = 0.0;  ///< Unix seconds
+  double next_fetch_time = 0.0;
+};
+
+/// The swarm's state from the records of the other peers and this one's own.
+GlobalProgress aggregate_progress(const std::vector<PeerProgress>& others, const PeerProgress& self,
+                                  int64_t target_batch_size, double now, double min_refresh = 0.05,
+                                  double max_refresh = 5.0);
+
+/// hivemind's ready_to_update_epoch.
+bool ready_to_update_epoch(const GlobalProgress& g, int64_t local_epoch, double now);
+
+/// Unix time in seconds (double).
+double unix_seconds();
+
+/// Publishes this peer's progress and reads the swarm's, in a background thread: the record is
+/// re-published after every local change (at most `min_publish_interval` apart) and every half
+/// expiration; the swarm is read again at next_fetch_time or when asked.
+class ProgressTracker {
+ public:
+  struct Options {
+    std::string key;  ///< {run_id}_progress
+    int64_t target_batch_size = 0;
+    bool client_mode = false;
+    double expiration = 60.0;  ///< seconds a record stays valid (>= 11)
+    double min_publish_interval = 0.0;
+  };
+  ProgressTracker(DhtNode& dht, Options o, int64_t epoch);
+  ~ProgressTracker();  ///< stops the thread (bounded)
+
+  /// Adds `samples` to this epoch's local count and updates the throughput estimate.
+  void report_local_step(int64_t samples, double seconds);
+  /// Starts epoch `epoch` locally (after the global step): zero samples.
+  void update_epoch(int64_t epoch);
+  /// The last aggregated view (refreshed in the background); `refresh` fetches now first.
+  GlobalProgress global(bool refresh = false);
+  int64_t local_epoch() const;
+  int64_t local_samples() const;
+  /// Publishes now and waits for it (tests, shutdown).
+  bool publish_now();
+
+ private:
+  void loop();
+  PeerProgress snapshot() const;
+  GlobalProgress fetch_and_aggregate();
+
+  DhtNode& dht_;
+  Options o_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  PeerProgress local_;
+  double ema_sps_ = 0.0;
+  bool dirty_ = true;
+  bool fetch_wanted_ = true;
+  bool stop_ = false;
+  double last_publish_ = 0.0;
+  GlobalProgress global_;
+  std::thread thread_;
+};
+
+}  // namespace polytrain::hivemind

@@ -1,0 +1,115 @@
+// Direct TCP between peers (standalone asio): length-prefixed frames, and no operation without
+// a deadline. A frame is [u32 little-endian body length][u8 type][payload]; the body length
+// counts the type byte and is bounded by the reader. No torch.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <thread>
+
+namespace polytrain::hivemind {
+
+using Clock = std::chrono::steady_clock;
+using Deadline = Clock::time_point;
+
+inline Deadline after(std::chrono::milliseconds d) { return Clock::now() + d; }
+
+/// A network operation that did not complete: timed out, closed by the other side, refused,
+/// or a frame that breaks the protocol.
+class NetError : public std::runtime_error {
+ public:
+  enum class Kind { kTimeout, kClosed, kProtocol };
+  NetError(Kind k, const std::string& what) : std::runtime_error(what), kind(k) {}
+  Kind kind;
+};
+
+struct Frame {
+  uint8_t type = 0;
+  std::string payload;
+};
+
+/// One TCP stream. Not thread-safe except abort().
+class Connection {
+ public:
+  ~Connection();
+  /// Connects to HOST:PORT before `deadline` (NetError otherwise).
+  static std::unique_ptr<Connection> connect(const std::string& host_port, Deadline deadline);
+
+  /// Sends one frame whose payload is `head` followed by `body` (no copy of either).
+  void send(uint8_t type, std::string_view head, std::string_view body, Deadline deadline);
+  void send(uint8_t type, std::string_view payload, Deadline deadline) { send(type, payload, {}, deadline); }
+  /// Receives one frame; NetError(kProtocol) when its length exceeds max_bytes.
+  Frame receive(Deadline deadline, size_t max_bytes);
+  /// Ends the stream from any thread: a pending or later operation fails at once.
+  void abort();
+  /// "HOST:PORT" of the other side.
+  std::string remote() const;
+  uint64_t bytes_sent() const { return sent_; }
+  uint64_t bytes_received() const { return received_; }
+
+  struct Impl;
+
+ private:
+  explicit Connection(std::unique_ptr<Impl> impl);
+  friend class Server;
+  std::unique_ptr<Impl> impl_;
+  uint64_t sent_ = 0, received_ = 0;
+};
+
+/// A TCP listener: each accepted stream is handed to `handler` on its own thread (at most
+/// max_connections at once; more are closed at once).
+class Server {
+ public:
+  using Handler = std::function<void(Connection&)>;
+  /// Binds HOST:PORT (port 0: any). InputError naming `what` when it cannot.
+  Server(const std::string& listen, Handler handler, const std::string& what = "hivemind.listen",
+         size_t max_connections = 256);
+  ~Server();  ///< stop()
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+  /// HOST:PORT as bound (0.0.0.0 reported as 127.0.0.1).
+  std::string address() const;
+  uint16_t port() const;
+  /// Stops accepting, aborts the live streams and joins their threads.
+  void stop();
+  /// Streams being handled now.
+  size_t live() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Little-endian scalar packing for frame payloads.
+void put_u32(std::string& s, uint32_t v);
+void put_u64(std::string& s, uint64_t v);
+void put_f64(std::string& s, double v);
+void put_str(std::string& s, std::string_view v);  ///< u32 length + bytes
+
+/// Reads what put_* wrote; NetError(kProtocol) on a short or oversized field.
+class Reader {
+ public:
+  explicit Reader(std::string_view s) : s_(s) {}
+  uint32_t u32();
+  uint64_t u64();
+  double f64();
+  std::string str(size_t max_bytes);
+  std::string_view rest() const { return s_.substr(pos_); }
+  bool done() const { return pos_ == s_.size(); }
+
+ private:
+  std::string_view take(size_t n);
+  std::string_view s_;
+  size_t pos_ = 0;
+};
+
+}  // namespace polytrain::hivemind

@@ -1,0 +1,297 @@
+// Butterfly all-reduce over loopback TCP (env_type hivemind): exact weighted averages, parts
+// sized by bandwidth, compression, and what happens when a sender or a reducer fails.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "polytrain/common/error.h"
+#include "polytrain/parallel/hivemind/butterfly.h"
+#include "polytrain/parallel/hivemind/compression.h"
+#include "polytrain/parallel/hivemind/wire.h"
+
+namespace hm = polytrain::hivemind;
+using namespace std::chrono_literals;
+
+namespace {
+
+// One averaging peer: its server (unless client mode), router and averager.
+struct Peer {
+  hm::Averager averager;
+  hm::Router router;
+  std::unique_ptr<hm::Server> server;
+  explicit Peer(bool client = false) {
+    router.on(hm::kMsgAllReduceHello, [this](hm::Connection& c, const hm::Frame& f) { averager.handle(c, f); });
+    if (!client) server = std::make_unique<hm::Server>("127.0.0.1:0", router.handler());
+  }
+  std::string address() const { return server ? server->address() : ""; }
+};
+
+std::vector<float> random_vector(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+hm::Group group_of(const std::vector<std::unique_ptr<Peer>>& peers, const std::string& id) {
+  hm::Group g;
+  g.group_id = id;
+  for (size_t i = 0; i < peers.size(); ++i) g.members.push_back({"peer" + std::to_string(i), peers[i]->address(), 1.0});
+  return g;
+}
+
+// Runs one round on every peer but those listed in `absent`, each on its own thread.
+std::vector<hm::AllReduceReport> run_round(std::vector<std::unique_ptr<Peer>>& peers, const hm::Group& g,
+                                           std::vector<std::vector<float>>& v, size_t n,
+                                           const hm::AllReduceOptions& o, size_t count) {
+  std::vector<hm::AllReduceReport> r(count);
+  std::vector<std::thread> t;
+  for (size_t i = 0; i < count; ++i)
+    t.emplace_back([&, i] {
+      auto gi = g;
+      gi.self = i;
+      r[i] = peers[i]->averager.allreduce(gi, v[i].data(), n, 1.0, o);
+    });
+  for (auto& th : t) th.join();
+  return r;
+}
+
+}  // namespace
+
+TEST(Compression, HalfConversionMatchesIeeeOnEdgeCases) {
+  EXPECT_EQ(hm::float_to_half(1.0f), 0x3c00);
+  EXPECT_EQ(hm::float_to_half(-2.0f), 0xc000);
+  EXPECT_EQ(hm::float_to_half(65504.0f), 0x7bff);
+  EXPECT_EQ(hm::float_to_half(1e6f), 0x7c00);
+  EXPECT_EQ(hm::float_to_half(5.9604645e-8f), 0x0001);  // smallest subnormal
+  EXPECT_EQ(hm::float_to_half(1.0f + 1.0f / 2048), 0x3c00);  // a tie rounds to even
+  EXPECT_EQ(hm::float_to_half(1.0f + 3.0f / 2048), 0x3c02);
+  for (uint32_t h = 0; h < 0x7c00; ++h) EXPECT_EQ(hm::float_to_half(hm::half_to_float(static_cast<uint16_t>(h))), h);
+}
+
+TEST(Compression, EachCodecKeepsItsStatedErrorAndRefusesWrongSizes) {
+  const auto x = random_vector(10'000, 1);
+  for (auto c : {hm::Compression::kNone, hm::Compression::kFp16, hm::Compression::kScaledFp16, hm::Compression::kUint8}) {
+    std::string bytes;
+    hm::compress(c, x.data(), x.size(), bytes);
+    ASSERT_EQ(bytes.size(), hm::compressed_bytes(c, x.size()));
+    std::vector<float> y(x.size());
+    ASSERT_TRUE(hm::decompress(c, bytes, y.data(), y.size()));
+    double worst = 0;
+    for (size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::fabs(double(x[i]) - y[i]));
+    const double bound = c == hm::Compression::kNone ? 0.0 : c == hm::Compression::kUint8 ? 5.0 / 254 : 5.0 / 2048;
+    EXPECT_LE(worst, bound) << hm::compression_name(c);
+    EXPECT_FALSE(hm::decompress(c, std::string_view(bytes).substr(1), y.data(), y.size())) << hm::compression_name(c);
+  }
+  EXPECT_THROW(hm::parse_compression("zstd"), polytrain::InputError);
+}
+
+TEST(Butterfly, PartsFollowBandwidthAndClientsReduceNothing) {
+  hm::Group g;
+  g.members = {{"a", "h:1", 1.0}, {"b", "", 5.0}, {"c", "h:2", 3.0}};
+  const auto s = hm::part_sizes(1000, g);
+  EXPECT_EQ(s, (std::vector<size_t>{250, 0, 750}));
+  EXPECT_EQ(hm::part_sizes(7, g)[0] + hm::part_sizes(7, g)[2], 7u);
+}
+
+TEST(Butterfly, FourPeersEndWithTheSameBitsTheExactWeightedAverage) {
+  const size_t n = 1'000'003;  // not a multiple of anything
+  std::vector<std::unique_ptr<Peer>> peers;
+  for (int i = 0; i < 4; ++i) peers.push_back(std::make_unique<Peer>(i == 3));  // peer 3: client mode
+  auto g = group_of(peers, "round-1");
+  g.members[1].bandwidth = 2.0;
+  std::vector<std::vector<float>> v;
+  const std::vector<double> w = {16, 32, 0, 16};
+  for (int i = 0; i < 4; ++i) v.push_back(random_vector(n, 10 + i));
+  std::vector<double> expect(n);
+  for (size_t k = 0; k < n; ++k) {
+    double s = 0;
+    for (int i = 0; i < 4; ++i) s += w[i] * v[i][k];
+    expect[k] = s / 64.0;
+  }
+  hm::AllReduceOptions o;
+  o.chunk_elements = 100'000;
+  for (int round = 0; round < 3; ++round) {  // rounds reuse the peers; nothing is left behind
+    auto vv = v;
+    std::vector<hm::AllReduceReport> reports(4);
+    std::vector<std::thread> t;
+    for (size_t i = 0; i < 4; ++i) {
+      t.emplace_back([&, i] {
+        auto gi = g;
+        gi.group_id = "round-" + std::to_string(round);
+        gi.self = i;
+        reports[i] = peers[i]->averager.allreduce(gi, vv[i].data(), n, w[i], o);
+      });
+    }
+    for (auto& th : t) th.join();
+    for (size_t i = 0; i < 4; ++i) {
+      EXPECT_EQ(reports[i].warning(), "") << i;
+      EXPECT_EQ(std::memcmp(vv[i].data(), vv[0].data(), n * 4), 0) << "peer " << i << " differs from peer 0";
+      EXPECT_EQ(peers[i]->averager.rounds(), 0u);
+    }
+    double worst = 0;
+    for (size_t k = 0; k < n; ++k) worst = std::max(worst, std::fabs(vv[0][k] - expect[k]));
+    EXPECT_LE(worst, 1e-6);
+  }
+  for (auto& p : peers)
+    if (p->server) EXPECT_TRUE([&] {
+        for (int i = 0; i < 100 && p->server->live() > 0; ++i) std::this_thread::sleep_for(10ms);
+        return p->server->live() == 0;
+      }());
+}
+
+TEST(Butterfly, CompressedRoundsLandNearTheAverage) {
+  const size_t n = 200'000;
+  for (auto c : {hm::Compression::kFp16, hm::Compression::kScaledFp16, hm::Compression::kUint8}) {
+    std::vector<std::unique_ptr<Peer>> peers;
+    for (int i = 0; i < 3; ++i) peers.push_back(std::make_unique<Peer>());
+    auto g = group_of(peers, std::string("c-") + hm::compression_name(c));
+    std::vector<std::vector<float>> v;
+    for (int i = 0; i < 3; ++i) v.push_back(random_vector(n, 20 + i));
+    auto vv = v;
+    hm::AllReduceOptions o;
+    o.compression = c;
+    run_round(peers, g, vv, n, o, 3);
+    double worst = 0;
+    for (size_t k = 0; k < n; ++k) {
+      const double avg = (double(v[0][k]) + v[1][k] + v[2][k]) / 3;
+      for (int i = 0; i < 3; ++i) worst = std::max(worst, std::fabs(vv[i][k] - avg));
+    }
+    EXPECT_LE(worst, c == hm::Compression::kUint8 ? 0.05 : 0.01) << hm::compression_name(c);
+  }
+}
+
+TEST(Butterfly, AMemberThatNeverComesIsExcludedAndItsPartStaysLocal) {
+  const size_t n = 300'000;
+  std::vector<std::unique_ptr<Peer>> peers;
+  for (int i = 0; i < 3; ++i) peers.push_back(std::make_unique<Peer>());
+  auto g = group_of(peers, "absent");
+  // Member 2 is in the group but never runs the round: its server is gone.
+  const std::string gone = peers[2]->address();
+  peers[2]->server->stop();
+  std::vector<std::vector<float>> v = {random_vector(n, 1), random_vector(n, 2)};
+  auto vv = v;
+  hm::AllReduceOptions o;
+  o.next_chunk_timeout = 500ms;
+  o.allreduce_timeout = 5s;
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto r = run_round(peers, g, vv, n, o, 2);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LE(secs, 0.5 + 1.0) << "first contact timeout + 1 s";
+  const auto sizes = hm::part_sizes(n, g);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_NEAR(r[i].local_fraction, double(sizes[2]) / n, 1e-9);
+    EXPECT_NE(r[i].warning().find("% of the vector kept its local values"), std::string::npos) << r[i].warning();
+    ASSERT_EQ(r[i].excluded_senders.size(), 1u);
+  }
+  // Parts 0 and 1: the exact average of the two survivors; part 2: untouched.
+  size_t off = 0;
+  for (size_t j = 0; j < 3; ++j) {
+    for (size_t k = off; k < off + sizes[j]; ++k)
+      for (size_t i = 0; i < 2; ++i) {
+        const float want = j == 2 ? v[i][k] : static_cast<float>((double(v[0][k]) + v[1][k]) / 2);
+        ASSERT_EQ(vv[i][k], want) << "part " << j << " element " << k;
+      }
+    off += sizes[j];
+  }
+}
+
+TEST(Butterfly, ASenderKilledMidStreamIsExcludedAndTheOthersFinishInTime) {
+  // Four peers, one of them a real process that sends its hello and one chunk to every
+  // reducer, then is SIGKILLed.
+  const size_t n = 2'000'000;
+  std::vector<std::unique_ptr<Peer>> peers;
+  for (int i = 0; i < 3; ++i) peers.push_back(std::make_unique<Peer>());
+  hm::Group g = group_of(peers, "killed");
+  g.members.push_back({"victim", "127.0.0.1:9", 1.0});  // its own part: nobody listens there
+  hm::AllReduceOptions o;
+  o.chunk_elements = 50'000;
+  o.next_chunk_timeout = 1000ms;
+  o.allreduce_timeout = 20s;
+  fflush(stdout), fflush(stderr);
+  const pid_t victim = fork();
+  ASSERT_GE(victim, 0);
+  if (victim == 0) {
+    const auto sizes = hm::part_sizes(n, g);
+    std::vector<std::unique_ptr<hm::Connection>> conns;
+    for (size_t j = 0; j < 3; ++j) {
+      try {
+        auto c = hm::Connection::connect(g.members[j].address, hm::after(5s));
+        std::string hello;
+        hm::put_str(hello, g.group_id);
+        hm::put_u32(hello, 3);
+        hm::put_u32(hello, static_cast<uint32_t>(j));
+        hm::put_u64(hello, sizes[j]);
+        hm::put_u32(hello, 0);
+        hm::put_f64(hello, 1.0);
+        hm::put_u64(hello, o.chunk_elements);
+        c->send(hm::kMsgAllReduceHello, hello, hm::after(5s));
+        std::string chunk;
+        hm::put_u64(chunk, 0);
+        std::vector<float> zeros(o.chunk_elements, 1000.0f);
+        hm::compress(hm::Compression::kNone, zeros.data(), zeros.size(), chunk);
+        c->send(hm::kMsgChunk, chunk, hm::after(5s));
+        conns.push_back(std::move(c));
+      } catch (...) {
+        _exit(3);
+      }
+    }
+    std::this_thread::sleep_for(100ms);
+    raise(SIGKILL);
+  }
+  std::vector<std::vector<float>> v = {random_vector(n, 1), random_vector(n, 2), random_vector(n, 3)};
+  auto vv = v;
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto r = run_round(peers, g, vv, n, o, 3);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  int status = 0;
+  ASSERT_EQ(waitpid(victim, &status, 0), victim);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "the victim did not reach its kill";
+  EXPECT_LE(secs, 1.0 + 1.0 + 1.0) << "next_chunk + reducer timeouts + 1 s";
+  const auto sizes = hm::part_sizes(n, g);
+  size_t off = 0;
+  for (size_t j = 0; j < 4; ++j) {
+    for (size_t k = off; k < off + sizes[j]; ++k)
+      for (size_t i = 0; i < 3; ++i) {
+        const float want = j == 3 ? v[i][k] : static_cast<float>((double(v[0][k]) + v[1][k] + v[2][k]) / 3);
+        ASSERT_EQ(vv[i][k], want) << "peer " << i << " part " << j << " element " << k;
+      }
+    off += sizes[j];
+  }
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(r[i].excluded_senders, std::vector<std::string>{"victim"}) << i;
+}
+
+TEST(Wire, FramesLargerThanTheReaderAllowsAndSilentPeersEndWithinTheDeadline) {
+  std::atomic<int> outcome{0};
+  hm::Server server("127.0.0.1:0", [&](hm::Connection& c) {
+    try {
+      c.receive(hm::after(300ms), 16);
+    } catch (const hm::NetError& e) {
+      outcome = e.kind == hm::NetError::Kind::kProtocol ? 1 : 2;
+    }
+  });
+  {
+    auto c = hm::Connection::connect(server.address(), hm::after(2s));
+    c->send(1, std::string(100, 'x'), hm::after(2s));
+    for (int i = 0; i < 100 && outcome == 0; ++i) std::this_thread::sleep_for(10ms);
+    EXPECT_EQ(outcome.load(), 1);
+  }
+  outcome = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto c = hm::Connection::connect(server.address(), hm::after(2s));  // says nothing
+  for (int i = 0; i < 200 && outcome == 0; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(outcome.load(), 2);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.3);
+  const auto t1 = std::chrono::steady_clock::now();
+  server.stop();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count(), 1.0);
+  EXPECT_THROW(hm::Connection::connect("127.0.0.1:9", hm::after(1s)), hm::NetError);
+}

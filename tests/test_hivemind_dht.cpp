@@ -1,0 +1,364 @@
+// Signed swarm records and the DHT node that stores only them (env_type hivemind).
+// This test TU includes <opendht.h> too: it plays an attacker that speaks raw OpenDHT.
+// Not here yet: OpenDHT 2.4.12's crash message (a signed value, then an unsigned one with its
+// id) sent to a swarm node. Sent from this process it kills the attacker's own node first (every
+// node that stores the pair crashes, this one included): it needs attacker and victim in
+// separate processes.
+#include <gtest/gtest.h>
+#include <opendht.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "polytrain/common/error.h"
+#include "polytrain/parallel/hivemind/dht.h"
+#include "polytrain/parallel/hivemind/record.h"
+
+namespace hm = polytrain::hivemind;
+using namespace std::chrono_literals;
+
+namespace {
+
+hm::Identity seeded(uint8_t s) {
+  std::array<uint8_t, 32> seed{};
+  seed.fill(s);
+  return hm::Identity::from_seed(seed);
+}
+
+hm::Record progress_record(uint64_t counter, int64_t ttl_ms = 60'000) {
+  hm::Record r;
+  r.kind = "progress";
+  r.counter = counter;
+  r.expiry_ms = hm::unix_ms() + ttl_ms;
+  r.payload = "epoch 3";
+  return r;
+}
+
+// Waits up to `limit` for cond().
+template <typename F>
+bool eventually(F cond, std::chrono::milliseconds limit) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < end) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(20ms);
+  }
+  return cond();
+}
+
+}  // namespace
+
+TEST(Record, SealedRecordOpensUnderItsKeyOnly) {
+  const auto id = seeded(1);
+  const std::string sealed = hm::seal_record(progress_record(7), id, "key-A");
+  auto o = hm::open_record(sealed, "key-A", hm::unix_ms());
+  ASSERT_TRUE(o.record) << hm::reject_name(o.why);
+  EXPECT_EQ(o.record->owner, id.public_key());
+  EXPECT_EQ(o.record->counter, 7u);
+  EXPECT_EQ(o.record->payload, "epoch 3");
+  // Moved to another key: the signature covers the key.
+  EXPECT_EQ(hm::open_record(sealed, "key-B", hm::unix_ms()).why, hm::Reject::kSignature);
+  // Expired, and expiring too far ahead.
+  EXPECT_EQ(hm::open_record(sealed, "key-A", hm::unix_ms() + 61'000).why, hm::Reject::kExpired);
+  EXPECT_EQ(hm::open_record(hm::seal_record(progress_record(8, 3'600'000), id, "key-A"), "key-A", hm::unix_ms()).why,
+            hm::Reject::kFarFuture);
+}
+
+TEST(Record, ThousandFuzzedForgedReplayedAndOversizeRecordsAreAllRefused) {
+  const auto alice = seeded(1), mallory = seeded(2);
+  const std::string key = hm::DhtNode::key_bytes("run_progress");
+  const std::string good = hm::seal_record(progress_record(100), alice, key);
+  ASSERT_TRUE(hm::open_record(good, key, hm::unix_ms()).record);
+  std::mt19937_64 rng(42);
+  int accepted = 0;
+  hm::ReplayGuard guard;
+  ASSERT_TRUE(guard.accept(key, *hm::open_record(good, key, hm::unix_ms()).record, hm::unix_ms()));
+  for (int i = 0; i < 1000; ++i) {
+    std::string bad = good;
+    switch (i % 8) {
+      case 0:  // a flipped bit anywhere
+        bad[rng() % bad.size()] ^= static_cast<char>(1u << (rng() % 8));
+        break;
+      case 1:  // truncated
+        bad.resize(rng() % bad.size());
+        break;
+      case 2:  // random bytes
+        bad.assign(1 + rng() % 300, '\0');
+        for (char& c : bad) c = static_cast<char>(rng());
+        break;
+      case 3: {  // mallory signs a record that claims alice's key
+        hm::Record r = progress_record(101 + i);
+        std::string forged = hm::seal_record(r, mallory, key);
+        const auto mk = mallory.public_key(), ak = alice.public_key();
+        const auto at = forged.find(std::string(mk.begin(), mk.end()));
+        forged.replace(at, 32, std::string(ak.begin(), ak.end()));
+        bad = forged;
+        break;
+      }
+      case 4:  // oversize payload (built by hand: seal_record refuses it)
+        bad = good + std::string(hm::kMaxRecordBytes, 'x');
+        break;
+      case 5:  // trailing garbage after a valid record
+        bad = good + static_cast<char>(rng());
+        break;
+      case 6: {  // an older record of alice's, replayed after a newer one was seen
+        const std::string old = hm::seal_record(progress_record(50 + i % 50), alice, key);
+        auto o = hm::open_record(old, key, hm::unix_ms());
+        ASSERT_TRUE(o.record);
+        if (guard.accept(key, *o.record, hm::unix_ms())) ++accepted;
+        continue;
+      }
+      case 7: {  // a valid record of another key, moved here
+        bad = hm::seal_record(progress_record(200 + i), alice, hm::DhtNode::key_bytes("other_progress"));
+        break;
+      }
+    }
+    auto o = hm::open_record(bad, key, hm::unix_ms());
+    if (o.record) ++accepted, ADD_FAILURE() << "case " << i % 8 << " accepted";
+  }
+  EXPECT_EQ(accepted, 0);
+}
+
+TEST(Record, IdentityFileIsCreatedOnceReloadedAndCheckedForm) {
+  const auto dir = std::filesystem::temp_directory_path() / ("pt_identity_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "peer.key").string();
+  const auto a = hm::Identity::load_or_create(path);
+  EXPECT_EQ(std::filesystem::status(path).permissions() & std::filesystem::perms::group_read,
+            std::filesystem::perms::none);
+  const auto b = hm::Identity::load_or_create(path);
+  EXPECT_EQ(a.peer_id(), b.peer_id());
+  std::ofstream(dir / "bad.key") << "not a key";
+  try {
+    hm::Identity::load_or_create((dir / "bad.key").string());
+    ADD_FAILURE() << "a 9-byte key file was accepted";
+  } catch (const polytrain::InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("bad.key"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Dht, AddressesAreCheckedWithTheKeyThatNamesThem) {
+  auto id = std::make_shared<hm::Identity>(seeded(3));
+  for (const char* bad : {"127.0.0.1", "127.0.0.1:99999", "127.0.0.1:x", "ho\nst:1", ":5"}) {
+    hm::DhtOptions o;
+    o.run_id = "r";
+    o.listen = bad;
+    try {
+      hm::DhtNode n(o, id);
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const polytrain::InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("hivemind.listen"), std::string::npos) << e.what();
+    }
+  }
+  hm::DhtOptions o;
+  o.run_id = "r";
+  o.listen = "127.0.0.1:0";
+  o.initial_peers = {"127.0.0.1:9"};  // discard port: nobody answers
+  o.bootstrap_timeout = 500ms;
+  try {
+    hm::DhtNode n(o, id);
+    ADD_FAILURE() << "joined through a port nobody listens on";
+  } catch (const polytrain::InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("127.0.0.1:9"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Dht, PeersOfOneRunSeeEachOthersRecordsAndOnlyTheNewestPerPeer) {
+  hm::DhtOptions o;
+  o.run_id = "dht-test";
+  o.listen = "127.0.0.1:0";
+  hm::DhtNode a(o, std::make_shared<hm::Identity>(seeded(4)));
+  o.initial_peers = {a.address()};
+  hm::DhtNode b(o, std::make_shared<hm::Identity>(seeded(5)));
+  hm::DhtNode c(o, std::make_shared<hm::Identity>(seeded(6)));
+  ASSERT_TRUE(b.store("dht-test_progress", "progress", "first", 20s, 5s));
+  ASSERT_TRUE(b.store("dht-test_progress", "progress", "second", 20s, 5s));
+  ASSERT_TRUE(c.store("dht-test_progress", "progress", "from c", 20s, 5s));
+  std::vector<hm::Record> got;
+  ASSERT_TRUE(eventually(
+      [&] {
+        got = a.fetch("dht-test_progress", 2s);
+        return got.size() == 2;
+      },
+      10s));
+  for (const auto& r : got) {
+    if (r.owner == b.identity().public_key()) EXPECT_EQ(r.payload, "second");
+    else EXPECT_EQ(r.payload, "from c");
+  }
+  EXPECT_EQ(a.fetch("dht-test_other", 2s).size(), 0u);
+}
+
+TEST(Dht, RunsAreSeparateNetworks) {
+  hm::DhtOptions o;
+  o.run_id = "run-one";
+  o.listen = "127.0.0.1:0";
+  hm::DhtNode a(o, std::make_shared<hm::Identity>(seeded(7)));
+  hm::DhtOptions p = o;
+  p.run_id = "run-two";
+  p.initial_peers = {a.address()};
+  p.bootstrap_timeout = 1s;
+  EXPECT_THROW(hm::DhtNode(p, std::make_shared<hm::Identity>(seeded(8))), polytrain::InputError);
+}
+
+namespace {
+
+// A result an OpenDHT callback sets at most once, that outlives the waiter (callbacks may come
+// late or twice).
+struct Once {
+  std::shared_ptr<std::promise<bool>> p = std::make_shared<std::promise<bool>>();
+  std::shared_ptr<std::atomic<bool>> fired = std::make_shared<std::atomic<bool>>(false);
+  std::future<bool> f = p->get_future();
+  std::function<void(bool)> cb() {
+    return [p = p, fired = fired](bool ok) {
+      if (!fired->exchange(true)) p->set_value(ok);
+    };
+  }
+  bool wait(std::chrono::milliseconds d) { return f.wait_for(d) == std::future_status::ready && f.get(); }
+};
+
+// A raw OpenDHT node on the swarm's network (what an attacker runs).
+struct RawNode {
+  dht::DhtRunner runner;
+  RawNode(uint32_t network, const std::string& bootstrap) {
+    dht::DhtRunner::Config config;
+    config.threaded = true;
+    config.dht_config.node_config.network = network;
+    config.bind4 = dht::SockAddr::resolve("127.0.0.1", "0").front();
+    runner.run(config, dht::DhtRunner::Context());
+    const auto colon = bootstrap.rfind(':');
+    Once ok;
+    runner.bootstrap(dht::SockAddr::resolve(bootstrap.substr(0, colon), bootstrap.substr(colon + 1)).front(), ok.cb());
+    ok.wait(5s);
+  }
+  ~RawNode() { runner.join(); }
+  bool put(const std::string& key, std::shared_ptr<dht::Value> v) {
+    Once done;
+    runner.put(dht::InfoHash::get(key), v, done.cb());
+    return done.wait(5s);
+  }
+};
+
+}  // namespace
+
+TEST(Dht, ForgedForeignAndOversizeValuesAreNeitherStoredNorReturned) {
+  hm::DhtOptions o;
+  o.run_id = "attacked";
+  o.listen = "127.0.0.1:0";
+  hm::DhtNode victim(o, std::make_shared<hm::Identity>(seeded(9)));
+  RawNode attacker(victim.network_id(), victim.address());
+  const auto alice = seeded(10), mallory = seeded(11);
+  const std::string key = "attacked_progress";
+  const std::string kb = hm::DhtNode::key_bytes(key);
+  auto as_value = [&](const std::string& bytes, uint64_t id) {
+    return std::make_shared<dht::Value>(0x5054, reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), id);
+  };
+  // A forged record (mallory's signature, alice's key), in alice's slot.
+  std::string forged = hm::seal_record(progress_record(5), mallory, kb);
+  const auto mk = mallory.public_key(), ak = alice.public_key();
+  forged.replace(forged.find(std::string(mk.begin(), mk.end())), 32, std::string(ak.begin(), ak.end()));
+  attacker.put(key, as_value(forged, hm::slot_id(ak, "progress")));
+  // Mallory's valid record in alice's slot.
+  attacker.put(key, as_value(hm::seal_record(progress_record(6), mallory, kb), hm::slot_id(ak, "progress")));
+  // Garbage of the record type, and an oversize one.
+  attacker.put(key, as_value("garbage", 77));
+  attacker.put(key, as_value(std::string(4000, 'x'), 78));
+  // A plain OpenDHT user value.
+  attacker.put(key, std::make_shared<dht::Value>(std::string("user data")));
+  // Alice's valid record, then an older one of hers replayed into her slot.
+  const std::string newer = hm::seal_record(progress_record(20), alice, kb);
+  const std::string older = hm::seal_record(progress_record(10), alice, kb);
+  EXPECT_TRUE(attacker.put(key, as_value(newer, hm::slot_id(ak, "progress"))));
+  attacker.put(key, as_value(older, hm::slot_id(ak, "progress")));
+  EXPECT_TRUE(eventually([&] { return victim.rejected().total() >= 5; }, 10s)) << victim.rejected().summary();
+  const auto got = victim.fetch(key, 3s);
+  ASSERT_EQ(got.size(), 1u) << victim.rejected().summary();
+  EXPECT_EQ(got[0].owner, ak);
+  EXPECT_EQ(got[0].counter, 20u);
+  EXPECT_GE(victim.rejected().get(hm::Reject::kSignature), 1u) << victim.rejected().summary();
+  EXPECT_GE(victim.rejected().get(hm::Reject::kWrongSlot), 1u) << victim.rejected().summary();
+}
+
+// ---- progress (hivemind's ProgressTracker protocol) ---------------------------------------
+
+#include "polytrain/parallel/hivemind/progress.h"
+
+TEST(Progress, GlobalEpochSamplesAndEtaFollowHivemindsRules) {
+  const double now = 1000.0;
+  hm::PeerProgress self{3, 10, 10.0, now, false};
+  std::vector<hm::PeerProgress> others = {
+      {3, 20, 20.0, now - 1.0, false},  // same epoch, reported 1 s ago
+      {2, 50, 5.0, now, false},         // behind: its samples do not count
+      {9, 70, 5.0, now, true},          // a client ahead: does not move the epoch
+  };
+  auto g = hm::aggregate_progress(others, self, 100, now);
+  EXPECT_EQ(g.epoch, 3);
+  EXPECT_EQ(g.samples_accumulated, 30);
+  EXPECT_EQ(g.num_peers, 4);
+  EXPECT_EQ(g.num_clients, 1);
+  // estimated now: 10 + (20 + 1 s * 20) = 50; remaining 50 at 40 samples/s total.
+  EXPECT_NEAR(g.eta_next_epoch, now + 50.0 / 40.0, 1e-9);
+  EXPECT_FALSE(hm::ready_to_update_epoch(g, 3, now));
+  EXPECT_TRUE(hm::ready_to_update_epoch(g, 3, g.eta_next_epoch));
+  others.push_back({4, 1, 1.0, now, false});  // a trainer ahead moves everyone on
+  g = hm::aggregate_progress(others, self, 100, now);
+  EXPECT_EQ(g.epoch, 4);
+  EXPECT_TRUE(hm::ready_to_update_epoch(g, 3, now));
+  self.samples_accumulated = 100;
+  EXPECT_TRUE(hm::ready_to_update_epoch(hm::aggregate_progress({}, self, 100, now), 3, now));
+  // Payloads: round trip, and hostile ones refused.
+  auto p = hm::decode_progress(hm::encode_progress(others[0]));
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->samples_accumulated, 20);
+  EXPECT_FALSE(hm::decode_progress(""));
+  EXPECT_FALSE(hm::decode_progress(hm::encode_progress(others[0]) + "x"));
+  hm::PeerProgress nan = self;
+  nan.samples_per_second = std::nan("");
+  EXPECT_FALSE(hm::decode_progress(hm::encode_progress(nan)));
+}
+
+TEST(Progress, ThreePeersSeeTheSwarmsSamplesThroughTheDht) {
+  hm::DhtOptions o;
+  o.run_id = "progress-test";
+  o.listen = "127.0.0.1:0";
+  std::vector<std::unique_ptr<hm::DhtNode>> nodes;
+  nodes.push_back(std::make_unique<hm::DhtNode>(o, std::make_shared<hm::Identity>(seeded(20))));
+  o.initial_peers = {nodes[0]->address()};
+  for (uint8_t i = 1; i < 3; ++i) nodes.push_back(std::make_unique<hm::DhtNode>(o, std::make_shared<hm::Identity>(seeded(20 + i))));
+  std::vector<std::unique_ptr<hm::ProgressTracker>> t;
+  for (auto& n : nodes) t.push_back(std::make_unique<hm::ProgressTracker>(*n, hm::ProgressTracker::Options{"progress-test_progress", 64, false, 20.0, 0.0}, 0));
+  for (int i = 0; i < 3; ++i) t[i]->report_local_step(8 * (i + 1), 0.5);
+  EXPECT_TRUE(eventually([&] { return t[0]->global(true).samples_accumulated == 8 + 16 + 24; }, 10s))
+      << t[0]->global().samples_accumulated;
+  EXPECT_EQ(t[0]->global().num_peers, 3);
+  // Peer 2 steps into epoch 1: the others see the epoch move on.
+  t[2]->update_epoch(1);
+  EXPECT_TRUE(eventually([&] { return t[1]->global(true).epoch == 1; }, 10s));
+  EXPECT_TRUE(hm::ready_to_update_epoch(t[1]->global(), t[1]->local_epoch(), hm::unix_seconds()));
+  // Latency: from a publish to a reader's fetch that sees it.
+  std::vector<double> ms;
+  for (int k = 0; k < 10; ++k) {
+    t[0]->report_local_step(1, 0.1);
+    const auto t0 = std::chrono::steady_clock::now();
+    const int64_t want = t[0]->local_samples();
+    ASSERT_TRUE(eventually(
+        [&] {
+          for (const auto& r : nodes[1]->fetch("progress-test_progress", 1s))
+            if (r.owner == nodes[0]->identity().public_key() && hm::decode_progress(r.payload)->samples_accumulated == want)
+              return true;
+          return false;
+        },
+        5s));
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  std::printf("progress record seen after: median %.1f ms, max %.1f ms\n", ms[5], ms.back());
+}
