@@ -21,15 +21,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-struct Peer {
-  hm::Averager averager;
-  hm::Router router;
-  std::unique_ptr<hm::Server> server;
-  Peer() {
-    router.on(hm::kMsgAllReduceHello, [this](hm::Connection& c, const hm::Frame& f) { averager.handle(c, f); });
-    server = std::make_unique<hm::Server>("127.0.0.1:0", router.handler());
-  }
-};
+using Peer = hm::AveragingPeer;
 
 // One stream, 1 MiB frames, the receiver discarding: the link this machine's loopback gives.
 double tcp_bandwidth(size_t bytes) {

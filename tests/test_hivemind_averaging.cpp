@@ -21,17 +21,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// One averaging peer: its server (unless client mode), router and averager.
-struct Peer {
-  hm::Averager averager;
-  hm::Router router;
-  std::unique_ptr<hm::Server> server;
-  explicit Peer(bool client = false) {
-    router.on(hm::kMsgAllReduceHello, [this](hm::Connection& c, const hm::Frame& f) { averager.handle(c, f); });
-    if (!client) server = std::make_unique<hm::Server>("127.0.0.1:0", router.handler());
-  }
-  std::string address() const { return server ? server->address() : ""; }
-};
+using Peer = hm::AveragingPeer;
 
 std::vector<float> random_vector(size_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);

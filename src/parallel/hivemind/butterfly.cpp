@@ -345,4 +345,9 @@ Server::Handler Router::handler(std::chrono::milliseconds first_frame) {
   };
 }
 
+AveragingPeer::AveragingPeer(bool client, const std::string& listen) {
+  router.on(kMsgAllReduceHello, [this](Connection& c, const Frame& f) { averager.handle(c, f); });
+  if (!client) server = std::make_unique<Server>(listen, router.handler());
+}
+
 }  // namespace polytrain::hivemind

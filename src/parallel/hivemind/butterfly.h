@@ -101,4 +101,14 @@ class Router {
   std::map<uint8_t, Service> services_;
 };
 
+/// A peer that only averages (tests, benchmarks): its server (none in client mode), router and
+/// averager.
+struct AveragingPeer {
+  Averager averager;
+  Router router;
+  std::unique_ptr<Server> server;
+  explicit AveragingPeer(bool client = false, const std::string& listen = "127.0.0.1:0");
+  std::string address() const { return server ? server->address() : ""; }
+};
+
 }  // namespace polytrain::hivemind
