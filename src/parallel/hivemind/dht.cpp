@@ -6,6 +6,7 @@
 #include <opendht/securedht.h>
 
 #include <atomic>
+#include <cctype>
 #include <future>
 #include <map>
 #include <mutex>
