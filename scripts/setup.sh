@@ -3,7 +3,8 @@
 # the whole test suite needs, so that under POLYTRAIN_REQUIRE_ALL=1 (scripts/test.sh) only the
 # tests that need a GPU skip.
 # Idempotent: packages already installed and assets already verified are skipped.
-# Env: BUILD_DIR (default build), BUILD_TYPE (default Release), POLYTRAIN_SKIP_APT=1 to skip apt.
+# Env: BUILD_DIR (default build), BUILD_TYPE (default Release), POLYTRAIN_SKIP_APT=1 to skip apt,
+# TARGETS to build only some targets.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="${BUILD_DIR:-$ROOT/build}"
@@ -53,5 +54,9 @@ bash "$ROOT/scripts/fetch_assets.sh"
 
 JOBS="${JOBS:-$(nproc)}"
 cmake -S "$ROOT" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="$BUILD_TYPE" ${CMAKE_ARGS:-} >/dev/null
-cmake --build "$BUILD_DIR" -j "$JOBS"
-echo "setup: built in $BUILD_DIR"
+# TARGETS (space-separated) builds only those (the quick start: the library, launch and the
+# example it runs); by default everything, tests and benchmarks included.
+targets=()
+for t in ${TARGETS:-}; do targets+=(--target "$t"); done
+cmake --build "$BUILD_DIR" -j "$JOBS" "${targets[@]}"
+echo "setup: built ${TARGETS:-everything} in $BUILD_DIR"

@@ -340,6 +340,15 @@ TEST(ConfigValues, InvalidConfigsNameTheKey) {
       {{{"trainer", {{"epochs", 0}}}}, "nothing to train"},
       {{{"trainer", {{"seed", -3}}}}, "'trainer.seed' must be a non-negative integer"},
       {{{"trainer", {{"pytorch_device", "gpu"}}}}, "must be cpu, cuda or cuda:N"},
+      {{{"hivemind", {{"request_timeout", 20}}}}, "'hivemind.request_timeout' (20 s) must be shorter than hivemind.matchmaking_time (15 s)"},
+      {{{"hivemind", {{"listen", "localhost"}}}}, "'hivemind.listen' must be HOST:PORT, got 'localhost'"},
+      {{{"hivemind", {{"initial_peers", {"1.2.3.4:99999"}}}}}, "'hivemind.initial_peers' entries must be HOST:PORT"},
+      {{{"hivemind", {{"metadata_expiration", 10}}}}, "must be >= 11 seconds"},
+      {{{"hivemind", {{"compression", "zstd"}}}}, "'hivemind.compression' must be one of none, fp16, scaled_fp16, uint8"},
+      {{{"hivemind", {{"num_streams", 4}, {"stream_index", 4}}}}, "'hivemind.stream_index' must be in [0, num_streams = 4)"},
+      {{{"hivemind", {{"target_bach_size", 4}}}}, "did you mean 'target_batch_size'?"},
+      {{{"trainer", {{"env_type", "hivemind"}}}}, "hivemind.target_batch_size: env_type 'hivemind' needs"},
+      {{{"trainer", {{"env_type", "hivemind"}}}, {"hivemind", {{"target_batch_size", 2}}}}, "smaller than this peer's micro-batch"},
       {json::array(), "the config must be a JSON object"},
   };
   for (const auto& c : cases) {

@@ -1,5 +1,6 @@
 // Butterfly all-reduce over loopback TCP (env_type hivemind): exact weighted averages, parts
-// sized by bandwidth, compression, and what happens when a sender or a reducer fails.
+// sized by bandwidth, compression, and what happens when a sender or a reducer fails; state
+// download from several donors (stripes, checksummed chunks, failover).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -14,6 +15,7 @@
 #include "polytrain/common/error.h"
 #include "polytrain/parallel/hivemind/butterfly.h"
 #include "polytrain/parallel/hivemind/compression.h"
+#include "polytrain/parallel/hivemind/state.h"
 #include "polytrain/parallel/hivemind/wire.h"
 
 namespace hm = polytrain::hivemind;
@@ -284,4 +286,194 @@ TEST(Wire, FramesLargerThanTheReaderAllowsAndSilentPeersEndWithinTheDeadline) {
   server.stop();
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count(), 1.0);
   EXPECT_THROW(hm::Connection::connect("127.0.0.1:9", hm::after(1s)), hm::NetError);
+}
+
+namespace {
+
+// A donor peer without a DHT: its server, router and donor.
+struct Donor {
+  hm::Router router;
+  std::unique_ptr<hm::Server> server;
+  std::unique_ptr<hm::StateDonor> donor;
+  Donor(const std::string& id, int64_t epoch, const std::string& state) {
+    server = std::make_unique<hm::Server>("127.0.0.1:0", router.handler());
+    donor = std::make_unique<hm::StateDonor>(nullptr, router, "run_state", server->address());
+    donor->publish(epoch, state);
+    info = donor->info();
+    info.peer_id = id;
+  }
+  hm::DonorInfo info;
+};
+
+std::string random_state(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::string s(n, '\0');
+  for (size_t i = 0; i + 8 <= n; i += 8) {
+    const uint64_t v = rng();
+    std::memcpy(&s[i], &v, 8);
+  }
+  return s;
+}
+
+hm::DownloadOptions small_pieces() {
+  hm::DownloadOptions o;
+  o.piece_bytes = 512 << 10;
+  o.chunk_bytes = 128 << 10;
+  o.timeout = 20s;
+  o.next_chunk_timeout = 2s;
+  o.seed = 7;
+  return o;
+}
+
+}  // namespace
+
+TEST(StateDownload, StripesAcrossDonorsAndFinishesWhenOneDiesAndOneLies) {
+  const std::string state = random_state(24 << 20, 1);
+  std::vector<std::unique_ptr<Donor>> donors;
+  for (int i = 0; i < 4; ++i) donors.push_back(std::make_unique<Donor>("donor" + std::to_string(i), 5, state));
+  donors[1]->donor->corrupt_after(1 << 20);  // sends a bad chunk after 1 MB
+  // Streams to donors 1, 2 and 0 at once; donor 3 stands by until one of them fails.
+  std::vector<hm::DonorInfo> infos = {donors[1]->info, donors[2]->info, donors[0]->info, donors[3]->info};
+  // donor2 dies (its server stops) once it served 3 MB.
+  std::atomic<bool> done{false};
+  std::thread killer([&] {
+    while (!done && donors[2]->donor->bytes_served() < (3u << 20)) std::this_thread::sleep_for(1ms);
+    if (!done) donors[2]->server->stop();
+  });
+  auto o = small_pieces();
+  o.max_donors = 3;
+  hm::DownloadReport rep;
+  const auto got = hm::download_state(infos, o, &rep);
+  done = true;
+  killer.join();
+  ASSERT_TRUE(got.has_value()) << rep.why_none;
+  EXPECT_EQ(got->epoch, 5);
+  EXPECT_TRUE(got->bytes == state);
+  EXPECT_EQ(rep.bytes, state.size());
+  ASSERT_EQ(rep.donors_failed.size(), 2u);
+  std::string failed = rep.donors_failed[0] + "\n" + rep.donors_failed[1];
+  EXPECT_NE(failed.find("checksum mismatch"), std::string::npos) << failed;
+  EXPECT_NE(failed.find("donor1"), std::string::npos) << failed;
+  EXPECT_NE(failed.find("donor2"), std::string::npos) << failed;
+  // Every healthy donor delivered a share (the standby took over), and nobody served it all.
+  EXPECT_GE(rep.donors_used.size(), 2u);
+  for (int i : {0, 3}) {
+    EXPECT_GT(donors[i]->donor->bytes_served(), 0u) << i;
+    EXPECT_LT(donors[i]->donor->bytes_served(), state.size()) << i;
+  }
+}
+
+TEST(StateDownload, ADonorThatStepsMidDownloadStillServesTheStateAnnounced) {
+  const std::string state = random_state(8 << 20, 2);
+  Donor d("donor0", 3, state);
+  auto o = small_pieces();
+  std::thread stepper([&] {
+    while (d.donor->bytes_served() < (1u << 20)) std::this_thread::sleep_for(1ms);
+    d.donor->publish(4, random_state(8 << 20, 3));  // its next step
+  });
+  hm::DownloadReport rep;
+  const auto got = hm::download_state({d.info}, o, &rep);
+  stepper.join();
+  ASSERT_TRUE(got.has_value()) << rep.why_none;
+  EXPECT_TRUE(got->bytes == state);
+  EXPECT_EQ(d.donor->info().epoch, 4);
+  // Two steps later the announced state is gone: the newcomer is told, not served other bytes.
+  d.donor->publish(5, random_state(8 << 20, 4));
+  const auto stale = hm::download_state({d.info}, o, &rep);
+  EXPECT_FALSE(stale.has_value());
+  EXPECT_NE(rep.why_none.find("every donor failed"), std::string::npos) << rep.why_none;
+  ASSERT_EQ(rep.donors_failed.size(), 1u);
+  EXPECT_NE(rep.donors_failed[0].find("no longer holds that state"), std::string::npos) << rep.donors_failed[0];
+}
+
+TEST(StateDownload, SilentDonorsEndAtTheOneDeadlineAndChoiceFollowsEpochThenMajority) {
+  // A donor that accepts and never answers: the download ends by next_chunk_timeout, named.
+  hm::Server silent("127.0.0.1:0", [](hm::Connection& c) {
+    try {
+      c.receive(hm::after(10s), 1 << 20);
+      c.receive(hm::after(10s), 1 << 20);  // until the requester gives up or the server stops
+    } catch (const hm::NetError&) {
+    }
+  });
+  hm::DonorInfo info{"mute", silent.address(), 1, 1 << 20, hm::digest32("x")};
+  auto o = small_pieces();
+  o.next_chunk_timeout = 500ms;
+  hm::DownloadReport rep;
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(hm::download_state({info}, o, &rep).has_value());
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
+  ASSERT_EQ(rep.donors_failed.size(), 1u);
+  EXPECT_NE(rep.donors_failed[0].find("mute"), std::string::npos);
+  silent.stop();
+
+  // Choice: the newest epoch, then the digest most donors agree on; oversize and stale dropped.
+  const auto a = hm::digest32("a"), b = hm::digest32("b");
+  std::vector<hm::DonorInfo> all = {{"old", "h:1", 3, 10, a},   {"b1", "h:2", 4, 10, b},  {"a1", "h:3", 4, 10, a},
+                                    {"a2", "h:4", 4, 10, a},    {"big", "h:5", 9, uint64_t{1} << 40, a}};
+  o.max_bytes = 1 << 20;
+  auto chosen = hm::choose_donors(all, o);
+  ASSERT_EQ(chosen.size(), 2u);
+  for (const auto& d : chosen) EXPECT_EQ(d.peer_id[0], 'a');
+  o.min_epoch = 5;
+  EXPECT_TRUE(hm::choose_donors(all, o).empty());
+  EXPECT_FALSE(hm::download_state({}, o, &rep).has_value());
+  EXPECT_FALSE(rep.why_none.empty());
+
+  // Announcements and manifests: what is encoded decodes; truncated or empty ones do not.
+  const std::string enc = hm::encode_donor(all[1]);
+  const auto dec = hm::decode_donor(enc);
+  ASSERT_TRUE(dec.has_value());
+  EXPECT_EQ(dec->address, "h:2");
+  EXPECT_EQ(dec->epoch, 4);
+  EXPECT_FALSE(hm::decode_donor(enc.substr(0, enc.size() - 1)).has_value());
+  EXPECT_FALSE(hm::decode_donor("").has_value());
+  const std::string man = hm::encode_manifest(all[1]);
+  const auto m = hm::decode_manifest(man);
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->size, 10u);
+  EXPECT_TRUE(m->digest == b);
+  EXPECT_FALSE(hm::decode_manifest(man.substr(0, man.size() - 1)).has_value());
+}
+
+TEST(StateDownload, DonorsSnapshotOnDemandOncePerEpochAndServeWhatTheyAnnounced) {
+  hm::Router router;
+  hm::Server server("127.0.0.1:0", router.handler());
+  hm::StateDonor donor(nullptr, router, "run_state", server.address());
+  std::atomic<int64_t> epoch{3};
+  std::atomic<int> calls{0};
+  donor.set_provider([&] {
+    ++calls;
+    return hm::StateSnapshot{epoch.load(), random_state(3 << 20, static_cast<uint64_t>(epoch.load())), {}};
+  });
+  EXPECT_EQ(donor.info().size, 0u);  // nothing made while nobody asked
+  std::string why;
+  // Three newcomers asking at once share one snapshot.
+  std::vector<std::optional<hm::DonorInfo>> got(3);
+  std::vector<std::thread> asks;
+  for (auto& g : got) asks.emplace_back([&] { g = hm::fetch_manifest(server.address(), 3, hm::after(5s)); });
+  for (auto& t : asks) t.join();
+  for (auto& g : got) {
+    ASSERT_TRUE(g.has_value());
+    EXPECT_EQ(g->epoch, 3);
+    EXPECT_EQ(g->size, 3u << 20);
+    EXPECT_TRUE(g->digest == hm::digest32(random_state(3 << 20, 3)));
+  }
+  EXPECT_EQ(calls.load(), 1);
+  EXPECT_EQ(donor.snapshots_made(), 1u);
+  // A newer epoch makes a new one; an epoch the peer has not reached is refused, named.
+  epoch = 4;
+  const auto m4 = hm::fetch_manifest(server.address(), 4, hm::after(5s));
+  ASSERT_TRUE(m4.has_value());
+  EXPECT_EQ(calls.load(), 2);
+  EXPECT_FALSE(hm::fetch_manifest(server.address(), 9, hm::after(5s), &why).has_value());
+  EXPECT_NE(why.find("no state at epoch 9"), std::string::npos) << why;
+  // And the manifest's state downloads.
+  hm::DonorInfo d = *m4;
+  d.peer_id = "donor";
+  auto o = small_pieces();
+  hm::DownloadReport rep;
+  const auto s = hm::download_state({d}, o, &rep);
+  ASSERT_TRUE(s.has_value()) << rep.why_none;
+  EXPECT_TRUE(s->bytes == random_state(3 << 20, 4));
+  server.stop();
 }

@@ -1,9 +1,8 @@
 // Signed swarm records and the DHT node that stores only them (env_type hivemind).
 // This test TU includes <opendht.h> too: it plays an attacker that speaks raw OpenDHT.
-// Not here yet: OpenDHT 2.4.12's crash message (a signed value, then an unsigned one with its
-// id) sent to a swarm node. Sent from this process it kills the attacker's own node first (every
-// node that stores the pair crashes, this one included): it needs attacker and victim in
-// separate processes.
+// OpenDHT 2.4.12's crash message (a signed value, then an unsigned one reusing its id) kills
+// every plain node that stores the pair, the sender's own included: its test runs victim and
+// attacker as separate processes (this binary re-run in a role, see DhtRole below).
 #include <gtest/gtest.h>
 #include <opendht.h>
 #include <signal.h>
@@ -20,8 +19,12 @@
 #include <thread>
 
 #include "polytrain/common/error.h"
+#include "polytrain/parallel/hivemind/butterfly.h"
 #include "polytrain/parallel/hivemind/dht.h"
+#include "polytrain/parallel/hivemind/matchmaking.h"
+#include "polytrain/parallel/hivemind/progress.h"
 #include "polytrain/parallel/hivemind/record.h"
+#include "helpers/own_process.h"
 
 namespace hm = polytrain::hivemind;
 using namespace std::chrono_literals;
@@ -249,6 +252,154 @@ struct RawNode {
 
 }  // namespace
 
+namespace {
+
+// This binary in a role (PT_DHT_ROLE), for the crash-message test: run as a global test
+// environment, so it starts after every static of the program is set up, and ends the process.
+//   victim-plain:     a plain OpenDHT node; prints "ADDRESS host:port"
+//   victim-polytrain: a swarm node (hm::DhtNode) of run "crash"; prints "ADDRESS host:port"
+//   attacker:         joins PT_DHT_TARGET on network PT_DHT_NETWORK, puts an RSA-signed value,
+//                     then an unsigned value with the same id, under the same key
+//                     (PT_DHT_VARIANT=signed or unsigned: only that one, for diagnosis)
+struct DhtRole : ::testing::Environment {
+  void SetUp() override {
+    const char* role = std::getenv("PT_DHT_ROLE");
+    if (!role) return;
+    const std::string r = role;
+    if (r == "victim-plain") {
+      dht::DhtRunner runner;
+      dht::DhtRunner::Config config;
+      config.threaded = true;
+      config.dht_config.node_config.network = 4242;
+      config.bind4 = dht::SockAddr::resolve("127.0.0.1", "0").front();
+      runner.run(config, dht::DhtRunner::Context());
+      std::printf("ADDRESS 127.0.0.1:%u\n", runner.getBoundPort(AF_INET));
+      std::fflush(stdout);
+      for (;;) std::this_thread::sleep_for(1s);  // until killed (or crashed)
+    }
+    if (r == "victim-polytrain") {
+      hm::DhtOptions o;
+      o.run_id = "crash";
+      o.listen = "127.0.0.1:0";
+      hm::DhtNode node(o, std::make_shared<hm::Identity>(seeded(40)));
+      std::printf("NETWORK %u\nADDRESS %s\n", node.network_id(), node.address().c_str());
+      std::fflush(stdout);
+      for (;;) {
+        std::this_thread::sleep_for(1s);
+        std::printf("refused: %s\n", node.rejected().summary().c_str());
+        std::fflush(stdout);
+      }
+    }
+    if (r == "attacker") {
+      const std::string target = std::getenv("PT_DHT_TARGET");
+      dht::DhtRunner runner;
+      dht::DhtRunner::Config config;
+      config.threaded = true;
+      config.dht_config.node_config.network = static_cast<uint32_t>(std::stoul(std::getenv("PT_DHT_NETWORK")));
+      config.dht_config.id = dht::crypto::generateIdentity("attacker", {}, 2048);
+      config.bind4 = dht::SockAddr::resolve("127.0.0.1", "0").front();
+      runner.run(config, dht::DhtRunner::Context());
+      const auto colon = target.rfind(':');
+      Once joined;
+      runner.bootstrap(dht::SockAddr::resolve(target.substr(0, colon), target.substr(colon + 1)).front(), joined.cb());
+      joined.wait(5s);
+      const auto key = dht::InfoHash::get("crash_progress");
+      auto signed_value = std::make_shared<dht::Value>(std::string("signed"));
+      signed_value->id = 0x1234;
+      const std::string variant = std::getenv("PT_DHT_VARIANT") ? std::getenv("PT_DHT_VARIANT") : "both";
+      if (variant != "unsigned") {
+        Once stored;
+        runner.putSigned(key, signed_value, stored.cb());
+        std::printf("SIGNED %d\n", stored.wait(5s) ? 1 : 0);
+        std::fflush(stdout);
+      }
+      if (variant == "signed") {
+        std::this_thread::sleep_for(2s);
+        std::_Exit(0);
+      }
+      auto evil = std::make_shared<dht::Value>(std::string("unsigned"));
+      evil->id = 0x1234;
+      Once sent;
+      runner.put(key, evil, sent.cb());
+      std::printf("UNSIGNED %d\n", sent.wait(5s) ? 1 : 0);
+      std::fflush(stdout);
+      std::this_thread::sleep_for(2s);
+      std::_Exit(0);
+    }
+    std::fprintf(stderr, "unknown PT_DHT_ROLE %s\n", role);
+    std::_Exit(2);
+  }
+};
+const auto* const kDhtRole = ::testing::AddGlobalTestEnvironment(new DhtRole);
+
+std::string self_exe() { return std::filesystem::read_symlink("/proc/self/exe").string(); }
+
+// Starts this binary in `role` (any one test selected, so that environments run).
+std::unique_ptr<polytrain::testing::OwnProcess> start_role(const std::string& role, const std::string& env,
+                                                           const std::string& log) {
+  return std::make_unique<polytrain::testing::OwnProcess>(
+      "PT_DHT_ROLE=" + role + " " + env + " exec '" + self_exe() + "' --gtest_filter=Record.SealedRecordOpensUnderItsKeyOnly",
+      "/", log);
+}
+
+std::string address_of(polytrain::testing::OwnProcess& p) {
+  std::string addr;
+  eventually(
+      [&] {
+        const std::string out = p.output();
+        const auto at = out.find("ADDRESS ");
+        if (at == std::string::npos || out.find('\n', at) == std::string::npos) return false;
+        addr = out.substr(at + 8, out.find('\n', at) - at - 8);
+        return true;
+      },
+      10s);
+  return addr;
+}
+
+}  // namespace
+
+TEST(Dht, TheCrashMessageKillsAPlainOpenDhtNodeButNotASwarmNode) {
+  const auto dir = std::filesystem::temp_directory_path() / ("pt_dht_crash_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  // The control: a plain OpenDHT 2.4 node dies of it (so the message below is the real attack).
+  auto plain = start_role("victim-plain", "", (dir / "plain.log").string());
+  const std::string plain_addr = address_of(*plain);
+  ASSERT_FALSE(plain_addr.empty()) << plain->output();
+  auto attacker = start_role("attacker", "PT_DHT_TARGET=" + plain_addr + " PT_DHT_NETWORK=4242",
+                             (dir / "attacker1.log").string());
+  const bool plain_died = eventually([&] { return !plain->running(); }, 15s);
+  attacker->wait();
+  EXPECT_TRUE(plain_died) << "a plain OpenDHT node survived the crash message: the test below shows nothing\n"
+                          << attacker->output();
+  if (plain_died) EXPECT_GE(plain->wait(), 128) << plain->output();  // killed by a signal (SIGSEGV)
+
+  // A swarm node: the signed value is refused (OpenDHT's own types store nothing), so the
+  // unsigned one reaches no crashing policy. It is alive and serves the swarm afterwards.
+  auto swarm = start_role("victim-polytrain", "", (dir / "swarm.log").string());
+  const std::string swarm_addr = address_of(*swarm);
+  ASSERT_FALSE(swarm_addr.empty()) << swarm->output();
+  hm::DhtOptions probe_opts;
+  probe_opts.run_id = "crash";
+  probe_opts.listen = "127.0.0.1:0";
+  probe_opts.initial_peers = {swarm_addr};
+  auto attacker2 = start_role("attacker",
+                              "PT_DHT_TARGET=" + swarm_addr + " PT_DHT_NETWORK=" +
+                                  std::to_string(hm::DhtNode(probe_opts, std::make_shared<hm::Identity>(seeded(41))).network_id()),
+                              (dir / "attacker2.log").string());
+  attacker2->wait();  // its own plain node may die of its message: it stores the pair too
+  EXPECT_NE(attacker2->output().find("SIGNED"), std::string::npos) << attacker2->output();
+  std::this_thread::sleep_for(1s);
+  EXPECT_TRUE(swarm->running()) << swarm->output();
+  // Still a working node: a new peer joins through it, stores a record, and reads it back.
+  hm::DhtNode probe(probe_opts, std::make_shared<hm::Identity>(seeded(42)));
+  EXPECT_TRUE(probe.store("crash_progress", "progress", "epoch 1", 20s, 5s));
+  EXPECT_EQ(probe.fetch("crash_progress", 3s).size(), 1u);
+  EXPECT_TRUE(swarm->running()) << swarm->output();
+  swarm->signal(SIGKILL);
+  swarm->wait();
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Dht, ForgedForeignAndOversizeValuesAreNeitherStoredNorReturned) {
   hm::DhtOptions o;
   o.run_id = "attacked";
@@ -361,4 +512,171 @@ TEST(Progress, ThreePeersSeeTheSwarmsSamplesThroughTheDht) {
   }
   std::sort(ms.begin(), ms.end());
   std::printf("progress record seen after: median %.1f ms, max %.1f ms\n", ms[5], ms.back());
+}
+
+// ---- matchmaking (hivemind's Matchmaking) --------------------------------------------------
+
+namespace {
+
+// A peer that only matchmakes and averages: DHT node, averaging server, matchmaker.
+struct MatchPeer {
+  std::shared_ptr<const hm::Identity> id;
+  std::unique_ptr<hm::DhtNode> dht;
+  hm::AveragingPeer avg;
+  std::unique_ptr<hm::Matchmaker> mm;
+  MatchPeer(const hm::DhtOptions& o, uint8_t seed, bool client)
+      : id(std::make_shared<hm::Identity>(seeded(seed))), dht(std::make_unique<hm::DhtNode>(o, id)), avg(client) {
+    mm = std::make_unique<hm::Matchmaker>(*dht, avg.router, id, avg.address());
+  }
+  ~MatchPeer() {
+    mm->stop();
+    if (avg.server) avg.server->stop();
+  }
+};
+
+std::vector<std::unique_ptr<MatchPeer>> match_peers(const std::string& run, int trainers, int clients, uint8_t seed) {
+  hm::DhtOptions o;
+  o.run_id = run;
+  o.listen = "127.0.0.1:0";
+  std::vector<std::unique_ptr<MatchPeer>> peers;
+  for (int i = 0; i < trainers + clients; ++i) {
+    peers.push_back(std::make_unique<MatchPeer>(o, static_cast<uint8_t>(seed + i), i >= trainers));
+    if (i == 0) o.initial_peers = {peers[0]->dht->address()};
+  }
+  return peers;
+}
+
+}  // namespace
+
+TEST(Matchmaking, PeersAndAClientAssembleOneGroupThatAverages) {
+  auto peers = match_peers("mm-test", 5, 1, 40);
+  hm::MatchmakingOptions o;
+  o.key = "mm-test_grad_0";
+  o.matchmaking_time = 5s;
+  o.request_timeout = 1s;
+  std::vector<std::optional<hm::Group>> got(peers.size());
+  std::vector<double> seconds(peers.size());
+  std::vector<std::thread> t;
+  for (size_t i = 0; i < peers.size(); ++i)
+    t.emplace_back([&, i] {
+      const auto t0 = std::chrono::steady_clock::now();
+      got[i] = peers[i]->mm->find_group(o, [&] { return peers.size(); }, hm::after(20s));
+      seconds[i] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    });
+  for (auto& th : t) th.join();
+  for (size_t i = 0; i < peers.size(); ++i) {
+    ASSERT_TRUE(got[i]) << "peer " << i << " found no group";
+    EXPECT_EQ(got[i]->group_id, got[0]->group_id);
+    ASSERT_EQ(got[i]->members.size(), peers.size());
+    EXPECT_EQ(got[i]->members[got[i]->self].peer_id, peers[i]->id->peer_id());
+    for (size_t m = 0; m < peers.size(); ++m) EXPECT_EQ(got[i]->members[m].peer_id, got[0]->members[m].peer_id);
+    // Complete before the leader's expiration: every expected peer joined.
+    EXPECT_LT(seconds[i], 4.0) << "peer " << i;
+  }
+  // The client reduces nothing; the leader is a trainer.
+  EXPECT_TRUE(got[5]->members[got[5]->self].address.empty());
+  EXPECT_FALSE(got[0]->members[0].address.empty());
+  // The group averages: every member ends with the mean.
+  std::vector<std::vector<float>> v(peers.size(), std::vector<float>(1000));
+  for (size_t i = 0; i < peers.size(); ++i) std::fill(v[i].begin(), v[i].end(), static_cast<float>(i));
+  t.clear();
+  for (size_t i = 0; i < peers.size(); ++i)
+    t.emplace_back([&, i] { peers[i]->avg.averager.allreduce(*got[i], v[i].data(), 1000, 1.0, {}); });
+  for (auto& th : t) th.join();
+  for (size_t i = 0; i < peers.size(); ++i) EXPECT_FLOAT_EQ(v[i][17], 2.5f) << "peer " << i;
+  const double worst = *std::max_element(seconds.begin(), seconds.end());
+  std::printf("6 peers (one client) matched in %.3f s at most\n", worst);
+}
+
+TEST(Matchmaking, TooFewPeersEndAtTheDeadlineWithNoGroup) {
+  auto peers = match_peers("mm-few", 2, 0, 50);
+  hm::MatchmakingOptions o;
+  o.key = "mm-few_grad_0";
+  o.matchmaking_time = 1500ms;
+  o.request_timeout = 500ms;
+  o.min_group_size = 3;
+  std::vector<std::optional<hm::Group>> got(2);
+  std::vector<double> seconds(2);
+  std::vector<std::thread> t;
+  for (size_t i = 0; i < 2; ++i)
+    t.emplace_back([&, i] {
+      const auto t0 = std::chrono::steady_clock::now();
+      got[i] = peers[i]->mm->find_group(o, nullptr, hm::after(2500ms));
+      seconds[i] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    });
+  for (auto& th : t) th.join();
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_FALSE(got[i]) << "peer " << i;
+    EXPECT_LT(seconds[i], 2.5 + 1.0) << "peer " << i;  // the deadline, plus a bounded wait on a leader
+  }
+}
+
+TEST(Matchmaking, ForgedAndMalformedJoinRequestsAreRefused) {
+  auto peers = match_peers("mm-forge", 1, 0, 60);
+  auto& leader = *peers[0];
+  hm::MatchmakingOptions o;
+  o.key = "mm-forge_grad_0";
+  o.matchmaking_time = 3s;
+  o.request_timeout = 1s;
+  std::thread lead([&] { leader.mm->find_group(o, nullptr, hm::after(4s)); });
+  std::this_thread::sleep_for(300ms);
+  struct Join {  // the leader's thread ends whatever happens below
+    std::thread& t;
+    ~Join() { t.join(); }
+  } join_lead{lead};
+  auto ask = [&](const std::string& payload) {
+    try {
+      auto c = hm::Connection::connect(leader.avg.address(), hm::after(2s));
+      c->send(hm::kMsgJoin, payload, hm::after(2s));
+      const auto f = c->receive(hm::after(2s), 4096);
+      EXPECT_EQ(f.type, hm::kMsgJoinReply);
+      hm::Reader rd(f.payload);
+      return static_cast<hm::JoinCode>(rd.u32());
+    } catch (const hm::NetError& e) {
+      ADD_FAILURE() << "join request: " << e.what();
+      return hm::JoinCode::kAccepted;
+    }
+  };
+  // A well-formed request claiming someone else's id, signed with the wrong key.
+  const auto mallory = seeded(61), alice = seeded(62);
+  std::string req;
+  hm::put_str(req, o.key);
+  hm::put_str(req, alice.peer_id());
+  hm::put_str(req, "127.0.0.1:9");
+  hm::put_f64(req, 1.0);
+  hm::put_u64(req, static_cast<uint64_t>(hm::unix_ms() + 60'000));
+  hm::put_str(req, leader.id->peer_id());
+  std::string forged = req;
+  hm::put_str(forged, mallory.sign("polytrain/hivemind/join" + req));
+  EXPECT_EQ(ask(forged), hm::JoinCode::kProtocolViolation);
+  EXPECT_EQ(ask("\x01\x02garbage"), hm::JoinCode::kProtocolViolation);
+  // Signed by alice herself but for another round: not looking for that group.
+  std::string other;
+  hm::put_str(other, "mm-forge_grad_7");
+  other += req.substr(4 + o.key.size());
+  std::string signed_other = other;
+  hm::put_str(signed_other, alice.sign("polytrain/hivemind/join" + other));
+  EXPECT_EQ(ask(signed_other), hm::JoinCode::kNotLookingForGroup);
+  EXPECT_EQ(leader.mm->refused(hm::JoinCode::kProtocolViolation), 2u);
+}
+
+// OpenDHT 2.4.12: searches on a node that is alone leave it blind to the records of nodes that
+// join later (observed: 20 s and more). The first peer of a swarm reads while it waits for
+// others: it must see them at once.
+TEST(Dht, TheFirstNodeReadingAloneSeesThePeersThatJoinLater) {
+  hm::DhtOptions o;
+  o.run_id = "first";
+  o.listen = "127.0.0.1:0";
+  hm::DhtNode a(o, std::make_shared<hm::Identity>(seeded(50)));
+  for (int i = 0; i < 10; ++i) EXPECT_TRUE(a.fetch("first_progress", 2s).empty());
+  o.initial_peers = {a.address()};
+  std::vector<std::unique_ptr<hm::DhtNode>> others;
+  for (int i = 0; i < 3; ++i) {
+    others.push_back(std::make_unique<hm::DhtNode>(o, std::make_shared<hm::Identity>(seeded(51 + i))));
+    EXPECT_TRUE(others.back()->store("first_progress", "progress", "joined", 20s, 2s));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(eventually([&] { return a.fetch("first_progress", 2s).size() == 3; }, 3s));
+  std::printf("the first node saw the 3 that joined after %.3f s\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }

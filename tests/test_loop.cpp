@@ -375,6 +375,14 @@ TEST(SampleStreamTest, OwnStreamsAreDisjointAndResumable) {
     EXPECT_EQ(again.next(0, 0, 3).indices, ref.next(0, 0, 3).indices);
   }
   EXPECT_EQ(seen.size(), 30u);
+  // Blocks of the peer's batch: two members reading one block per step read what one process
+  // with micro-batches of that size reads, micro-batch by micro-batch.
+  SampleStream m0(40, 7, 4, 0, 2, true), m1(40, 7, 4, 1, 2, true);
+  for (int64_t step = 0; step < 6; ++step) {  // 40 / 8 = 5 steps per epoch: step 5 is epoch 1
+    SampleStream single(40, 7, 8, 0, 1, false);
+    EXPECT_EQ(m0.next(0, 0, 4).indices, single.next(step, 0, 4).indices) << step;
+    EXPECT_EQ(m1.next(0, 0, 4).indices, single.next(step, 4, 4).indices) << step;
+  }
   // Fixed world: the same global batch whatever the number of readers.
   std::set<int64_t> one, two;
   for (auto i : SampleStream(40, 7, 8, 0, 1, false).next(3, 0, 8).indices) one.insert(i);

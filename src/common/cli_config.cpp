@@ -93,6 +93,23 @@ void add_config_flags(CLI::App& app, ConfigFlags& flags) {
   add_value<std::vector<std::string>>(app, flags, "--train_files", {"data", "train_files"},
                                       "training text files");
   add_value<std::string>(app, flags, "--vocab_file", {"data", "vocab_file"}, "vocab.txt");
+  // Decentralized training (env_type hivemind): the hivemind section's keys.
+  auto hm = [](const char* key) { return std::vector<std::string>{"hivemind", key}; };
+  for (const char* key : {"run_id", "listen", "announce", "compression", "identity_path"})
+    add_value<std::string>(app, flags, std::string("--") + key, hm(key), std::string("hivemind.") + key);
+  for (const char* key : {"target_batch_size", "min_group_size", "target_group_size", "average_state_every",
+                          "expected_peers", "num_streams", "stream_index"})
+    add_value<int64_t>(app, flags, std::string("--") + key, hm(key), std::string("hivemind.") + key);
+  for (const char* key : {"matchmaking_time", "averaging_timeout", "allreduce_timeout", "next_chunk_timeout",
+                          "request_timeout", "bootstrap_timeout", "metadata_expiration", "load_state_timeout",
+                          "bandwidth"})
+    add_value<double>(app, flags, std::string("--") + key, hm(key), std::string("hivemind.") + key);
+  app.add_option_function<std::vector<std::string>>(
+         "--initial_peers", [&flags](const std::vector<std::string>& v) { put(flags.overrides, {"hivemind", "initial_peers"}, json(v)); },
+         "HOST:PORT[,HOST:PORT...] of peers already in the swarm (hivemind.initial_peers)")
+      ->delimiter(',');
+  add_switch(app, flags, "--client_mode", hm("client_mode"), true,
+             "hivemind.client_mode: no inbound connections (behind a firewall or NAT)");
 }
 
 bool parse_cli(CLI::App& app, int argc, char** argv) {

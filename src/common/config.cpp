@@ -269,6 +269,59 @@ void parse_trainer(const json* j, ParseContext& ctx, TrainerOptions& t) {
                                       "'deepspeed+mpu', not '", t.env_type, "'"));
 }
 
+// HOST:PORT with a port in [0, 65535] ([v6]:port allowed); the network layer resolves the host.
+bool host_port_ok(const std::string& s) {
+  const size_t colon = s.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == s.size() || colon + 6 < s.size()) return false;
+  for (size_t i = colon + 1; i < s.size(); ++i)
+    if (!std::isdigit(static_cast<unsigned char>(s[i]))) return false;
+  if (std::stol(s.substr(colon + 1)) > 65535) return false;
+  for (size_t i = 0; i < colon; ++i)
+    if (static_cast<unsigned char>(s[i]) <= ' ' || s[i] == 0x7f) return false;
+  return true;
+}
+
+void parse_hivemind(const json* j, ParseContext& ctx, HivemindConfig& h) {
+  ObjectReader r(j, "hivemind", ctx);
+  visit(r, h);
+  r.finish();
+  if (h.run_id.empty() || h.run_id.size() > 64 ||
+      h.run_id.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") != std::string::npos)
+    r.fail("run_id", "must be 1-64 characters of letters, digits, '_', '.', '-', got '" + h.run_id + "'");
+  if (!host_port_ok(h.listen)) r.fail("listen", "must be HOST:PORT, got '" + h.listen + "'");
+  if (!h.announce.empty() && !host_port_ok(h.announce)) r.fail("announce", "must be HOST:PORT, got '" + h.announce + "'");
+  for (const auto& peer : h.initial_peers)
+    if (!host_port_ok(peer)) r.fail("initial_peers", "entries must be HOST:PORT, got '" + peer + "'");
+  r.at_least("target_batch_size", h.target_batch_size, int64_t{0});
+  for (const char* key : {"matchmaking_time", "averaging_timeout", "next_chunk_timeout", "request_timeout",
+                          "bootstrap_timeout", "load_state_timeout"})
+    if (!(write(h)[key].get<double>() > 0)) r.fail(key, "must be > 0 seconds");
+  r.at_least("allreduce_timeout", h.allreduce_timeout, 0.0);
+  if (h.metadata_expiration < 11.0)
+    r.fail("metadata_expiration", cat("must be >= 11 seconds (OpenDHT never completes shorter puts), got ",
+                                      h.metadata_expiration));
+  if (h.request_timeout >= h.matchmaking_time)
+    r.fail("request_timeout", cat("(", h.request_timeout, " s) must be shorter than hivemind.matchmaking_time (",
+                                  h.matchmaking_time, " s): a leader must be able to answer before its group is due"));
+  if (h.matchmaking_time >= h.averaging_timeout)
+    r.fail("matchmaking_time", cat("(", h.matchmaking_time, " s) must be shorter than hivemind.averaging_timeout (",
+                                   h.averaging_timeout, " s)"));
+  r.above("min_group_size", h.min_group_size, int64_t{0});
+  if (h.target_group_size < h.min_group_size)
+    r.fail("target_group_size", cat("(", h.target_group_size, ") is below hivemind.min_group_size (", h.min_group_size, ")"));
+  if (!(h.bandwidth > 0) || !std::isfinite(h.bandwidth)) r.fail("bandwidth", "must be > 0");
+  r.one_of("compression", h.compression, {"none", "fp16", "scaled_fp16", "uint8"});
+  r.at_least("average_state_every", h.average_state_every, int64_t{0});
+  r.at_least("expected_peers", h.expected_peers, int64_t{0});
+  r.at_least("num_streams", h.num_streams, int64_t{0});
+  if (h.num_streams > 0 && (h.stream_index < 0 || h.stream_index >= h.num_streams))
+    r.fail("stream_index", cat("must be in [0, num_streams = ", h.num_streams, "), got ", h.stream_index));
+  if (h.num_streams == 0 && h.stream_index != 0)
+    r.fail("stream_index", "is given without hivemind.num_streams");
+  if (h.offload_optimizer) r.fail("offload_optimizer", "is not implemented yet in this build (use false)");
+  if (h.delay_optimizer_step) r.fail("delay_optimizer_step", "is not implemented yet in this build (use false)");
+}
+
 struct BatchKeys {
   std::optional<int64_t> train, micro, accum;  // null in JSON = not given (DeepSpeed's get())
 };
@@ -355,6 +408,7 @@ Config config_from_json(const json& doc, const std::string& origin, int64_t worl
   const json* model = top.take("model");
   const json* data = top.take("data");
   const json* trainer = top.take("trainer");
+  const json* hivemind = top.take("hivemind");
   top("gradient_clipping", cfg.gradient_clipping), top("steps_per_print", cfg.steps_per_print);
   top("wall_clock_breakdown", cfg.wall_clock_breakdown);
   top.ignore(kTopLevelIgnored);
@@ -390,7 +444,24 @@ Config config_from_json(const json& doc, const std::string& origin, int64_t worl
   if (doc.is_object() && doc.contains("steps_per_print") &&
       !(trainer && trainer->is_object() && trainer->contains("log_interval")))
     cfg.trainer.log_interval = cfg.steps_per_print;
-  resolve(cfg.batch, batch, world_size, cfg.trainer.model_parallel_size, ctx);
+  parse_hivemind(hivemind, ctx, cfg.hivemind);
+  // A swarm has no fixed world: the batch triple is this peer's own (world size 1).
+  const bool swarm = cfg.trainer.env_type == "hivemind";
+  resolve(cfg.batch, batch, swarm ? 1 : world_size, cfg.trainer.model_parallel_size, ctx);
+  if (swarm) {
+    const auto& h = cfg.hivemind;
+    if (h.target_batch_size == 0)
+      ctx.fail("hivemind.target_batch_size: env_type 'hivemind' needs the swarm's global batch (samples per "
+               "global step over all peers), e.g. --target_batch_size 4096");
+    if (h.target_batch_size < cfg.batch.train_micro_batch_size_per_gpu)
+      ctx.fail(cat("hivemind.target_batch_size (", h.target_batch_size,
+                   ") is smaller than this peer's micro-batch train_micro_batch_size_per_gpu (",
+                   cfg.batch.train_micro_batch_size_per_gpu, ")"));
+    if (cfg.batch.gradient_accumulation_steps != 1)
+      ctx.fail(cat("gradient_accumulation_steps (", cfg.batch.gradient_accumulation_steps,
+                   ") has no meaning under env_type 'hivemind': a peer accumulates micro-batches until the swarm "
+                   "reaches hivemind.target_batch_size; set it to 1"));
+  }
   return cfg;
 }
 
@@ -440,6 +511,8 @@ json config_to_json(const Config& in) {
   out["model"] = model;
   out["data"] = write(c.data);
   out["trainer"] = write(c.trainer);
+  if (c.trainer.env_type == "hivemind" || (c.source.is_object() && c.source.contains("hivemind")))
+    out["hivemind"] = write(c.hivemind);
   // Ignored DeepSpeed keys go back verbatim, so the dump means to DeepSpeed what the input did.
   for (const std::string& path : c.ignored_keys) {
     json::json_pointer from = pointer_of(path);

@@ -221,6 +221,41 @@ struct TrainerOptions {
   int64_t model_parallel_size = 1;
 };
 
+/// `hivemind` section: decentralized training (env_type hivemind), hivemind.Optimizer's and
+/// the collaborative ALBERT recipe's names. Durations in seconds.
+struct HivemindConfig {
+  std::string run_id = "polytrain";       ///< the swarm: DHT network id and key prefix
+  std::string listen = "0.0.0.0:0";       ///< HOST:PORT: DHT (UDP) and averaging (TCP) bind here
+  std::string announce;                   ///< HOST:PORT others reach this peer at ("" = the bound address)
+  std::vector<std::string> initial_peers;  ///< HOST:PORT of peers already in the swarm
+  int64_t target_batch_size = 0;          ///< samples per global step over the swarm (required)
+  double matchmaking_time = 15.0;
+  double averaging_timeout = 60.0;        ///< matchmaking + all-reduce of one round
+  double allreduce_timeout = 0.0;         ///< the all-reduce alone (0 = averaging_timeout)
+  double next_chunk_timeout = 10.0;
+  double request_timeout = 3.0;
+  double bootstrap_timeout = 10.0;
+  double load_state_timeout = 600.0;      ///< a whole state download (one deadline)
+  double metadata_expiration = 60.0;      ///< progress records' lifetime (>= 11)
+  int64_t min_group_size = 2;
+  int64_t target_group_size = 256;
+  bool client_mode = false;               ///< no inbound connections: joins groups, reduces nothing
+  double bandwidth = 1.0;                 ///< relative share of each average this peer reduces
+  std::string compression = "none";       ///< none, fp16, scaled_fp16, uint8
+  int64_t average_state_every = 1;        ///< also average parameters every k global steps (0 = never)
+  bool offload_optimizer = false;         ///< keep the averaged gradients and the update on a CPU copy
+  bool delay_optimizer_step = false;      ///< run the update in the background (one step stale)
+  std::string identity_path;              ///< Ed25519 key file ("" = a new identity per start)
+  /// Trainer peers to wait for before the first step (0 = none): with every peer present from
+  /// the start, each global batch is split the same way every time (reproducible runs, tests).
+  int64_t expected_peers = 0;
+  /// Data stream of this peer: stream `stream_index` of `num_streams` disjoint streams of each
+  /// epoch's order (num_streams 0 = a stream drawn from the peer's identity, like hivemind's
+  /// per-peer shuffling).
+  int64_t num_streams = 0;
+  int64_t stream_index = 0;
+};
+
 /// The whole resolved config.
 struct Config {
   BatchConfig batch;
@@ -241,6 +276,7 @@ struct Config {
   ModelConfig model;
   DataConfig data;
   TrainerOptions trainer;
+  HivemindConfig hivemind;
   /// DeepSpeed keys accepted but not implemented (warned about once), in JSON path form.
   std::vector<std::string> ignored_keys;
   /// The JSON as the user gave it (before defaults), for the record.

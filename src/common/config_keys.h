@@ -342,6 +342,21 @@ void visit(V& v, TrainerOptions& t) {
   v("model_parallel_size", t.model_parallel_size, {"tensor_model_parallel_size"});
 }
 
+template <class V>
+void visit(V& v, HivemindConfig& h) {
+  v("run_id", h.run_id), v("listen", h.listen), v("announce", h.announce), v("initial_peers", h.initial_peers);
+  v("target_batch_size", h.target_batch_size), v("matchmaking_time", h.matchmaking_time);
+  v("averaging_timeout", h.averaging_timeout), v("allreduce_timeout", h.allreduce_timeout);
+  v("next_chunk_timeout", h.next_chunk_timeout), v("request_timeout", h.request_timeout);
+  v("bootstrap_timeout", h.bootstrap_timeout), v("metadata_expiration", h.metadata_expiration);
+  v("load_state_timeout", h.load_state_timeout);
+  v("min_group_size", h.min_group_size), v("target_group_size", h.target_group_size);
+  v("client_mode", h.client_mode), v("bandwidth", h.bandwidth), v("compression", h.compression);
+  v("average_state_every", h.average_state_every), v("offload_optimizer", h.offload_optimizer);
+  v("delay_optimizer_step", h.delay_optimizer_step), v("identity_path", h.identity_path);
+  v("expected_peers", h.expected_peers), v("num_streams", h.num_streams), v("stream_index", h.stream_index);
+}
+
 template <class T>
 json write(T& section) {
   ObjectWriter w;

@@ -94,7 +94,10 @@ SampleStream::Draw SampleStream::next(int64_t step, int64_t offset, int64_t size
     d.indices.assign(o.begin() + start, o.begin() + start + size);
     return d;
   }
-  const int64_t per_epoch = dataset_size_ / members_;  // stream length; a micro-batch never straddles epochs
+  // Stream length per epoch: whole blocks of global_batch_ positions; a micro-batch never
+  // straddles epochs.
+  const int64_t block = global_batch_;
+  const int64_t per_epoch = dataset_size_ / (members_ * block) * block;
   PT_INPUT_CHECK(size <= per_epoch, "a stream of ", per_epoch, " samples per epoch cannot hold a micro-batch of ", size);
   int64_t k = cursor_ % per_epoch;
   d.epoch = cursor_ / per_epoch;
@@ -104,7 +107,10 @@ SampleStream::Draw SampleStream::next(int64_t step, int64_t offset, int64_t size
     ++d.epoch;
   }
   const auto& o = order(d.epoch);
-  for (int64_t i = 0; i < size; ++i) d.indices.push_back(o[member_ + members_ * (k + i)]);
+  for (int64_t i = 0; i < size; ++i) {
+    const int64_t j = k + i;  // block j / block of this stream is block (j / block) * members + member of the epoch
+    d.indices.push_back(o[((j / block) * members_ + member_) * block + j % block]);
+  }
   cursor_ += size;
   return d;
 }

@@ -47,10 +47,12 @@ namespace polytrain {
 ///    [step * B, (step + 1) * B) of the epoch's permutation (B = global batch); a micro-batch
 ///    of `size` samples per reader occupies a block of size * members positions starting
 ///    `offset` positions into the global batch, and reader `member` takes its member-th slice;
-///  - own stream (a decentralized peer, no fixed world): stream `member` of `members` is the
-///    epoch permutation's positions member, member + members, ...; the reader walks it at its
-///    own pace from a cursor (samples it has read), so distinct members never share a sample
-///    within an epoch.
+///  - own stream (a decentralized peer, no fixed world): the epoch permutation is cut into
+///    blocks of `global_batch` positions (the peer's own batch) and stream `member` of
+///    `members` is blocks member, member + members, ...; the reader walks it at its own pace
+///    from a cursor (samples it has read), so distinct members never share a sample within an
+///    epoch, and members reading one block each per global step read exactly the micro-batches
+///    one process with micro-batch `global_batch` would read.
 class SampleStream {
  public:
   struct Draw {

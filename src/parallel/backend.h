@@ -50,6 +50,8 @@ struct DataShard {
   /// No fixed world (a decentralized peer): read stream `member` of `members` disjoint
   /// streams at this rank's own pace instead of a slice of numbered global batches.
   bool own_stream = false;
+  /// The seed of the sample order (0 = trainer.seed): a peer that shuffles on its own.
+  uint64_t order_seed = 0;
 };
 
 /// One micro-batch as the loop hands it to backward().
@@ -116,6 +118,15 @@ class Backend {
 
   /// The global value of a logged number (mean over data-parallel ranks).
   virtual double reduce_metric(double local_value) = 0;
+
+  /// After a resume: the global step the checkpoint was saved at (a swarm peer restarts its
+  /// epoch count there).
+  virtual void set_global_step(int64_t step) {}
+
+  /// Before the first step (after any resume): the global step to start from. A swarm peer
+  /// that finds the swarm ahead loads its state from peers and returns the swarm's step; others
+  /// return `step`.
+  virtual int64_t catch_up(int64_t step) { return step; }
 
   /// Every rank of the job reaches this point before any leaves it (checkpoint protocol).
   virtual void barrier() = 0;

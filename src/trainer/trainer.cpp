@@ -194,7 +194,9 @@ void Trainer::setup(const std::shared_ptr<torch::nn::Module>& model, const Batch
   Backend& b = backend();
   const RankContext& ctx = b.context();
   const auto& opts = cfg_.trainer;
-  const int64_t global_batch = cfg_.batch.train_batch_size;
+  // A swarm's global batch is its target; a fixed world's is the batch triple's.
+  const int64_t global_batch =
+      opts.env_type == "hivemind" ? cfg_.hivemind.target_batch_size : cfg_.batch.train_batch_size;
   const int64_t per_epoch = train_data.size() / global_batch;
   PT_INPUT_CHECK(per_epoch > 0, "the training split has ", train_data.size(), " samples, fewer than train_batch_size ",
                  global_batch);
@@ -259,6 +261,7 @@ void Trainer::resume(torch::nn::Module& model, SampleStream& stream) {
     stream.set_cursor(cursor.item<int64_t>());
   });
   step_ = meta.at("step").get<int64_t>();
+  b.set_global_step(step_);
   skipped_steps_ = meta.value("skipped_steps", int64_t{0});
   applied_ = meta.value("applied_steps", step_ - skipped_steps_);
   if (scaler_ && meta.contains("loss_scaler") && !meta["loss_scaler"].is_null()) scaler_->load_state(meta["loss_scaler"]);
@@ -306,6 +309,11 @@ StepResult Trainer::train_step(torch::nn::Module& model, const BatchSource& data
 }
 
 void Trainer::record_step(const StepResult& r, double loss, double lr) {
+  // A swarm peer that finds the swarm ahead jumps to its step: the LR schedule follows it.
+  // A peer that reloaded the swarm's state instead of stepping (kNoUpdate) counts its updates.
+  const int64_t own = r.outcome == StepOutcome::kApplied ? 1 : 0;
+  if (r.global_step > step_ + 1 || (r.outcome == StepOutcome::kNoUpdate && r.global_step > step_))
+    applied_ += r.global_step - step_ - own;
   step_ = r.global_step;
   if (r.outcome == StepOutcome::kApplied) ++applied_;
   if (r.outcome == StepOutcome::kSkippedNonFinite) ++skipped_steps_;
@@ -351,9 +359,13 @@ TrainResult Trainer::train(std::shared_ptr<torch::nn::Module> model, const Batch
   PT_CHECK(model, "train() needs a model");
   setup(model, train_data);
   const DataShard shard = backend_->data_shard();
-  SampleStream stream(train_data.size(), cfg_.trainer.seed, cfg_.batch.train_batch_size, shard.member, shard.members,
-                      shard.own_stream);
+  SampleStream stream(train_data.size(), shard.order_seed ? shard.order_seed : cfg_.trainer.seed,
+                      cfg_.batch.train_batch_size, shard.member, shard.members, shard.own_stream);
   resume(*model, stream);
+  if (const int64_t joined = backend_->catch_up(step_); joined > step_) {
+    applied_ += joined - step_;  // the swarm's updates, loaded with its state
+    step_ = joined;
+  }
   const auto& opts = cfg_.trainer;
   TrainResult result;
   while (step_ < total_steps_) {

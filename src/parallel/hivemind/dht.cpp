@@ -3,6 +3,7 @@
 
 #include <opendht.h>
 #include <opendht/default_types.h>
+#include <opendht/network_utils.h>
 #include <opendht/securedht.h>
 
 #include <atomic>
@@ -25,6 +26,86 @@ constexpr int64_t kMaxTtlMs = 5 * 60 * 1000;
 std::string blob_view(const dht::Blob& b) { return std::string(reinterpret_cast<const char*>(b.data()), b.size()); }
 
 std::string hash_bytes(const dht::InfoHash& h) { return std::string(reinterpret_cast<const char*>(h.data()), h.size()); }
+
+// The value of `key` in msgpack map `m` (nullptr when absent or m is not a map).
+const msgpack::object* find_key(const msgpack::object& m, std::string_view key) {
+  if (m.type != msgpack::type::MAP) return nullptr;
+  for (uint32_t i = 0; i < m.via.map.size; ++i) {
+    const auto& kv = m.via.map.ptr[i];
+    if (kv.key.type == msgpack::type::STR && std::string_view(kv.key.via.str.ptr, kv.key.via.str.size) == key)
+      return &kv.val;
+  }
+  return nullptr;
+}
+
+bool is_str(const msgpack::object* o, std::string_view s) {
+  return o && o->type == msgpack::type::STR && std::string_view(o->via.str.ptr, o->via.str.size) == s;
+}
+
+// Whether an incoming OpenDHT packet may reach the node. A swarm node stores only polytrain
+// records, and OpenDHT 2.4.12's SecureDht stores any validly signed value whatever the type's
+// store policy says (its secure store policy returns the signature check without asking the
+// type), after which an unsigned value reusing that value's id crashes the node in the secure
+// edit policy (null owner). So a put must carry only unsigned, unowned, unencrypted values of
+// the record type in the packet itself; puts of values sent in parts (larger than a UDP
+// packet; records never are) and the parts themselves are dropped too. Other messages (ping,
+// find, get, listen, refresh, replies) pass.
+bool allowed_packet(const uint8_t* data, size_t size) {
+  try {
+    msgpack::object_handle oh = msgpack::unpack(reinterpret_cast<const char*>(data), size);
+    const msgpack::object& msg = oh.get();
+    if (msg.type != msgpack::type::MAP) return false;
+    if (is_str(find_key(msg, "y"), "v")) return false;  // value parts
+    if (!is_str(find_key(msg, "q"), "put")) return true;
+    const msgpack::object* args = find_key(msg, "a");
+    const msgpack::object* values = args ? find_key(*args, "values") : nullptr;
+    if (!values || values->type != msgpack::type::ARRAY) return false;
+    for (uint32_t i = 0; i < values->via.array.size; ++i) {
+      const msgpack::object& v = values->via.array.ptr[i];
+      const msgpack::object* dat = find_key(v, "dat");  // not a map: sizes of parts
+      if (!dat || dat->type != msgpack::type::MAP || find_key(*dat, "sig")) return false;
+      const msgpack::object* body = find_key(*dat, "body");
+      if (!body || body->type != msgpack::type::MAP || find_key(*body, "owner") || find_key(*body, "to")) return false;
+      const msgpack::object* type = find_key(*body, "type");
+      if (!type || type->type != msgpack::type::POSITIVE_INTEGER || type->via.u64 != kRecordType) return false;
+    }
+    return true;
+  } catch (const std::exception&) {
+    return false;  // what msgpack cannot parse, OpenDHT cannot either
+  }
+}
+
+// OpenDHT's UDP socket with allowed_packet() in front of the node.
+class FilteringSocket : public dht::net::DatagramSocket {
+ public:
+  FilteringSocket(const dht::SockAddr& bind4, const dht::SockAddr& bind6, std::function<void()> on_drop)
+      : inner_(std::make_unique<dht::net::UdpSocket>(bind4, bind6)), on_drop_(std::move(on_drop)) {
+    inner_->setOnReceive([this](dht::net::PacketList&& packets) {
+      for (auto it = packets.begin(); it != packets.end();) {
+        if (allowed_packet(it->data.data(), it->data.size())) {
+          ++it;
+        } else {
+          it = packets.erase(it);
+          on_drop_();
+        }
+      }
+      if (!packets.empty()) onReceived(std::move(packets));
+      return dht::net::PacketList{};
+    });
+  }
+  ~FilteringSocket() override { inner_->stop(); }
+  int sendTo(const dht::SockAddr& dest, const uint8_t* data, size_t size, bool replied) override {
+    return inner_->sendTo(dest, data, size, replied);
+  }
+  const dht::SockAddr& getBoundRef(sa_family_t family) const override { return inner_->getBoundRef(family); }
+  bool hasIPv4() const override { return inner_->hasIPv4(); }
+  bool hasIPv6() const override { return inner_->hasIPv6(); }
+  void stop() override { inner_->stop(); }
+
+ private:
+  std::unique_ptr<dht::net::UdpSocket> inner_;
+  std::function<void()> on_drop_;
+};
 
 }  // namespace
 
@@ -154,7 +235,11 @@ DhtNode::DhtNode(const DhtOptions& options, std::shared_ptr<const Identity> iden
   PT_INPUT_CHECK(config.bind4.getFamily() == AF_INET, "hivemind.listen '", options.listen, "': not an IPv4 address");
   config.bind6 = dht::SockAddr();
   try {
-    impl_->runner.run(config, dht::DhtRunner::Context());
+    dht::DhtRunner::Context context;
+    Impl* impl = impl_.get();
+    context.sock = std::make_unique<FilteringSocket>(config.bind4, config.bind6,
+                                                     [impl] { impl->rejected.add(Reject::kSchema); });
+    impl_->runner.run(config, std::move(context));
   } catch (const std::exception& e) {
     throw InputError("hivemind.listen '" + options.listen + "': cannot bind the DHT socket: " + e.what());
   }
@@ -242,6 +327,13 @@ bool DhtNode::store(const std::string& key, const std::string& kind, const std::
 }
 
 std::vector<Record> DhtNode::fetch(const std::string& key, std::chrono::milliseconds deadline) {
+  // A node that knows no other node (the first peer, before anyone joined) has nothing to
+  // read. It must not search either: measured on OpenDHT 2.4.12, gets on a node alone leave it
+  // unable to take the records of peers that join later (they stay invisible to it for 20 s
+  // and more, and its routing table shows no good node).
+  unsigned good = 0, dubious = 0, cached = 0, incoming = 0;
+  impl_->runner.getNodesStats(AF_INET, &good, &dubious, &cached, &incoming);
+  if (good + dubious + incoming == 0) return {};
   const auto hash = dht::InfoHash::get(key);
   struct Shared {
     std::mutex mu;

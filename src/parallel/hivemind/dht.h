@@ -4,8 +4,10 @@
 // Every node, whatever role its peer has, refuses what is not a valid record of the swarm:
 // the store and edit policies of the record type open each value (signature, schema, size,
 // expiry, owner's slot, increasing counter), and every OpenDHT built-in type is replaced by
-// one that stores nothing, so OpenDHT's own signed values (whose edit policy crashes on an
-// unsigned value reusing a signed one's id in 2.4.12) never reach its storage.
+// one that stores nothing. OpenDHT 2.4.12 stores a validly signed value of any type without
+// asking that policy, and an unsigned value reusing a stored signed one's id then crashes the
+// node (its secure edit policy reads a null owner): the node's UDP socket therefore drops
+// every put that carries anything but unsigned record-type values (dht.cpp, allowed_packet).
 #pragma once
 
 #include <chrono>

@@ -18,12 +18,13 @@ double unix_seconds() {
 std::string encode_progress(const PeerProgress& p) {
   msgpack::sbuffer buf;
   msgpack::packer<msgpack::sbuffer> pk(buf);
-  pk.pack_array(5);
+  pk.pack_array(6);
   pk.pack_int64(p.epoch);
   pk.pack_int64(p.samples_accumulated);
   pk.pack_double(p.samples_per_second);
   pk.pack_double(p.time);
   if (p.client_mode) pk.pack_true(); else pk.pack_false();
+  pk.pack_int64(p.samples_in_flight);
   return std::string(buf.data(), buf.size());
 }
 
@@ -31,10 +32,10 @@ std::optional<PeerProgress> decode_progress(const std::string& payload) {
   try {
     size_t off = 0;
     auto oh = msgpack::unpack(payload.data(), payload.size(), off, nullptr, nullptr,
-                              msgpack::unpack_limit(5, 0, 0, 0, 0, 1));
+                              msgpack::unpack_limit(6, 0, 0, 0, 0, 1));
     if (off != payload.size()) return std::nullopt;
     const auto& o = oh.get();
-    if (o.type != msgpack::type::ARRAY || o.via.array.size != 5) return std::nullopt;
+    if (o.type != msgpack::type::ARRAY || o.via.array.size != 6) return std::nullopt;
     const auto* f = o.via.array.ptr;
     auto as_int = [](const msgpack::object& x, int64_t& v) {
       if (x.type != msgpack::type::POSITIVE_INTEGER || x.via.u64 > (uint64_t{1} << 53)) return false;
@@ -49,7 +50,7 @@ std::optional<PeerProgress> decode_progress(const std::string& payload) {
     };
     PeerProgress p;
     if (!as_int(f[0], p.epoch) || !as_int(f[1], p.samples_accumulated) || !as_num(f[2], p.samples_per_second) ||
-        !as_num(f[3], p.time) || f[4].type != msgpack::type::BOOLEAN)
+        !as_num(f[3], p.time) || f[4].type != msgpack::type::BOOLEAN || !as_int(f[5], p.samples_in_flight))
       return std::nullopt;
     p.client_mode = f[4].via.boolean;
     return p;
@@ -62,6 +63,7 @@ GlobalProgress aggregate_progress(const std::vector<PeerProgress>& others, const
                                   int64_t target_batch_size, double now, double min_refresh, double max_refresh) {
   GlobalProgress g;
   g.target_batch_size = target_batch_size;
+  g.others = others;
   std::vector<PeerProgress> all = others;
   all.push_back(self);
   g.epoch = self.epoch;
@@ -75,6 +77,7 @@ GlobalProgress aggregate_progress(const std::vector<PeerProgress>& others, const
     total_sps += p.samples_per_second;
     if (p.epoch != g.epoch) continue;
     g.samples_accumulated += p.samples_accumulated;
+    g.samples_reserved += p.samples_accumulated + p.samples_in_flight;
     estimated += static_cast<double>(p.samples_accumulated) + std::max(0.0, now - p.time) * p.samples_per_second;
   }
   const double remaining = static_cast<double>(target_batch_size) - estimated;
@@ -88,7 +91,7 @@ GlobalProgress aggregate_progress(const std::vector<PeerProgress>& others, const
 }
 
 bool ready_to_update_epoch(const GlobalProgress& g, int64_t local_epoch, double now) {
-  return g.epoch > local_epoch || g.samples_accumulated >= g.target_batch_size || now >= g.eta_next_epoch;
+  return g.epoch > local_epoch || std::max(g.samples_accumulated, g.samples_reserved) >= g.target_batch_size || now >= g.eta_next_epoch;
 }
 
 ProgressTracker::ProgressTracker(DhtNode& dht, Options o, int64_t epoch) : dht_(dht), o_(std::move(o)) {
@@ -119,6 +122,7 @@ void ProgressTracker::report_local_step(int64_t samples, double seconds) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     local_.samples_accumulated += samples;
+    local_.samples_in_flight = 0;
     local_.time = unix_seconds();
     if (seconds > 0) {
       const double sps = static_cast<double>(samples) / seconds;
@@ -129,11 +133,21 @@ void ProgressTracker::report_local_step(int64_t samples, double seconds) {
   cv_.notify_all();
 }
 
+void ProgressTracker::reserve(int64_t samples) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    local_.samples_in_flight = samples;
+    dirty_ = true;
+  }
+  cv_.notify_all();
+}
+
 void ProgressTracker::update_epoch(int64_t epoch) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     local_.epoch = epoch;
     local_.samples_accumulated = 0;
+    local_.samples_in_flight = 0;
     local_.time = unix_seconds();
     dirty_ = true;
   }
@@ -161,6 +175,7 @@ GlobalProgress ProgressTracker::global(bool refresh) {
 }
 
 bool ProgressTracker::publish_now() {
+  std::lock_guard<std::mutex> one_at_a_time(publish_mu_);
   PeerProgress p;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -178,7 +193,10 @@ GlobalProgress ProgressTracker::fetch_and_aggregate() {
   const auto& me = dht_.identity().public_key();
   for (const auto& r : records) {
     if (r.owner == me || r.kind != "progress") continue;
-    if (auto p = decode_progress(r.payload)) others.push_back(*p);
+    if (auto p = decode_progress(r.payload)) {
+      p->peer_id = to_hex(r.owner);
+      others.push_back(*p);
+    }
   }
   PeerProgress self;
   {

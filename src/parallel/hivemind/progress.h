@@ -32,6 +32,10 @@ struct PeerProgress {
   double samples_per_second = 0.0;
   double time = 0.0;  ///< Unix seconds of the report
   bool client_mode = false;
+  /// Samples of the micro-batch being computed now (announced before it starts, so that the
+  /// swarm stops at its target instead of overshooting by a micro-batch per peer).
+  int64_t samples_in_flight = 0;
+  std::string peer_id;  ///< the record's owner (not encoded: the signature says who)
 };
 
 std::string encode_progress(const PeerProgress& p);
@@ -41,11 +45,13 @@ std::optional<PeerProgress> decode_progress(const std::string& payload);
 struct GlobalProgress {
   int64_t epoch = 0;
   int64_t samples_accumulated = 0;
+  int64_t samples_reserved = 0;  ///< accumulated plus in flight, at the global epoch
   int64_t target_batch_size = 0;
   int num_peers = 0;    ///< peers with a live record (this one included)
   int num_clients = 0;
   double eta_next_epoch = 0.0;  ///< Unix seconds
   double next_fetch_time = 0.0;
+  std::vector<PeerProgress> others;  ///< the other peers' records as read
 };
 
 /// The swarm's state from the records of the other peers and this one's own.
@@ -53,7 +59,7 @@ GlobalProgress aggregate_progress(const std::vector<PeerProgress>& others, const
                                   int64_t target_batch_size, double now, double min_refresh = 0.05,
                                   double max_refresh = 5.0);
 
-/// hivemind's ready_to_update_epoch.
+/// hivemind's ready_to_update_epoch, counting samples in flight as accumulated.
 bool ready_to_update_epoch(const GlobalProgress& g, int64_t local_epoch, double now);
 
 /// Unix time in seconds (double).
@@ -76,6 +82,9 @@ class ProgressTracker {
 
   /// Adds `samples` to this epoch's local count and updates the throughput estimate.
   void report_local_step(int64_t samples, double seconds);
+  /// Announces a micro-batch of `samples` about to be computed (cleared by the next
+  /// report_local_step); publish_now() makes it visible before the work starts.
+  void reserve(int64_t samples);
   /// Starts epoch `epoch` locally (after the global step): zero samples.
   void update_epoch(int64_t epoch);
   /// The last aggregated view (refreshed in the background); `refresh` fetches now first.
@@ -93,6 +102,7 @@ class ProgressTracker {
   DhtNode& dht_;
   Options o_;
   mutable std::mutex mu_;
+  std::mutex publish_mu_;  ///< one publish at a time: a later snapshot is never overwritten by an older one
   std::condition_variable cv_;
   PeerProgress local_;
   double ema_sps_ = 0.0;

@@ -1,0 +1,386 @@
+// HivemindBackend: DHT node, progress tracker, matchmaker and averager of one swarm peer,
+// driven by the Trainer loop through the Backend interface.
+#include "polytrain/parallel/hivemind/backend/hivemind_backend.h"
+
+#include <cstdio>
+#include <sstream>
+#include <thread>
+
+#include <torch/nn/module.h>
+
+#include "polytrain/common/error.h"
+#include "polytrain/data/sample_order.h"
+#include "polytrain/parallel/hivemind/butterfly.h"
+#include "polytrain/parallel/hivemind/dht.h"
+#include "polytrain/parallel/hivemind/matchmaking.h"
+#include "polytrain/parallel/hivemind/progress.h"
+#include "polytrain/parallel/hivemind/record.h"
+#include "polytrain/parallel/hivemind/state.h"
+#include "polytrain/trainer/optimizers.h"
+
+namespace polytrain {
+
+namespace hm = hivemind;
+using std::chrono::milliseconds;
+
+namespace {
+
+milliseconds ms(double seconds) { return milliseconds(static_cast<int64_t>(seconds * 1000.0)); }
+
+std::string short_id(const std::string& id) { return id.substr(0, 8); }
+
+}  // namespace
+
+HivemindBackend::HivemindBackend(const Config& cfg) : ReplicatedBackend(cfg), h_(cfg.hivemind) {
+  PT_INPUT_CHECK(h_.target_batch_size > 0, "hivemind.target_batch_size: env_type 'hivemind' needs it (> 0)");
+  identity_ = std::make_shared<const hm::Identity>(h_.identity_path.empty() ? hm::Identity::generate()
+                                                                            : hm::Identity::load_or_create(h_.identity_path));
+}
+
+HivemindBackend::~HivemindBackend() {
+  // Release waiting followers and join streams first, then stop serving, then leave the DHT.
+  if (matchmaker_) matchmaker_->stop();
+  if (server_) server_->stop();
+  tracker_.reset();
+  server_.reset();
+  donor_.reset();
+  matchmaker_.reset();
+  dht_.reset();
+}
+
+std::string HivemindBackend::dht_address() const { return dht_ ? dht_->address() : ""; }
+std::string HivemindBackend::peer_id() const { return identity_->peer_id(); }
+
+DataShard HivemindBackend::data_shard() const {
+  DataShard s;
+  s.own_stream = true;
+  if (h_.num_streams > 0) {
+    s.member = h_.stream_index, s.members = h_.num_streams;
+  } else {
+    // hivemind's peers each shuffle on their own: one stream, in an order keyed by the peer.
+    const auto& k = identity_->public_key();
+    uint64_t salt = 0;
+    for (int i = 0; i < 8; ++i) salt = (salt << 8) | k[i];
+    s.order_seed = salt | 1;
+  }
+  return s;
+}
+
+void HivemindBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Config& cfg) {
+  build(std::move(model), cfg);
+  int64_t n = 0;
+  for (const auto& p : params_) n += p.numel();
+  flat_ = torch::empty({n}, torch::kFloat);
+
+  hm::DhtOptions o;
+  o.run_id = h_.run_id;
+  o.listen = h_.listen;
+  o.initial_peers = h_.initial_peers;
+  o.bootstrap_timeout = ms(h_.bootstrap_timeout);
+  dht_ = std::make_unique<hm::DhtNode>(o, identity_);
+  averager_ = std::make_unique<hm::Averager>();
+  router_ = std::make_unique<hm::Router>();
+  router_->on(hm::kMsgAllReduceHello, [this](hm::Connection& c, const hm::Frame& f) { averager_->handle(c, f); });
+  if (!h_.client_mode) {
+    // Averaging streams use TCP on the DHT's port (UDP) when one was given, else any port.
+    const auto [host, port] = hm::split_host_port(h_.listen, "hivemind.listen");
+    const std::string tcp = (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
+    server_ = std::make_unique<hm::Server>(tcp, router_->handler(), "hivemind.listen");
+    address_ = h_.announce.empty() ? server_->address() : h_.announce;
+    donor_ = std::make_unique<hm::StateDonor>(dht_.get(), *router_, h_.run_id + "_state", address_,
+                                              ms(h_.metadata_expiration));
+    donor_->set_provider([this] {
+      std::lock_guard<std::mutex> lock(state_mu_);
+      return hm::StateSnapshot{epoch_, snapshot(), {}};
+    });
+  }
+  matchmaker_ = std::make_unique<hm::Matchmaker>(*dht_, *router_, identity_, address_);
+  tracker_ = std::make_unique<hm::ProgressTracker>(
+      *dht_, hm::ProgressTracker::Options{h_.run_id + "_progress", h_.target_batch_size, h_.client_mode,
+                                          h_.metadata_expiration, 0.0},
+      epoch_);
+  tracker_->publish_now();
+  std::printf("hivemind: peer %s of run '%s' on %s (DHT, UDP)%s%s; others join with --initial_peers %s\n",
+              short_id(peer_id()).c_str(), h_.run_id.c_str(), dht_->address().c_str(),
+              h_.client_mode ? ", client mode (no inbound connections)" : ", averaging on ",
+              h_.client_mode ? "" : (address_ + " (TCP)").c_str(), dht_->address().c_str());
+  std::fflush(stdout);
+
+  if (h_.expected_peers > 1) {
+    // Reproducible runs: every expected peer is present before the first global step.
+    const auto deadline = std::chrono::steady_clock::now() + ms(h_.averaging_timeout);
+    size_t seen = 0;
+    for (;;) {
+      const auto g = tracker_->global(true);
+      known_peers_.clear();
+      for (const auto& p : g.others)
+        if (!p.client_mode) known_peers_.insert(p.peer_id);
+      seen = known_peers_.size() + (h_.client_mode ? 0 : 1);
+      if (static_cast<int64_t>(seen) >= h_.expected_peers || std::chrono::steady_clock::now() >= deadline) break;
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+    PT_INPUT_CHECK(static_cast<int64_t>(seen) >= h_.expected_peers, "hivemind.expected_peers: ", seen, " of ",
+                   h_.expected_peers, " trainer peers of run '", h_.run_id, "' appeared within averaging_timeout (",
+                   h_.averaging_timeout, " s)");
+    std::printf("hivemind: the %lld expected peers are present (%.1f s)\n", static_cast<long long>(h_.expected_peers),
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - deadline + ms(h_.averaging_timeout)).count());
+    std::fflush(stdout);
+  }
+}
+
+std::string HivemindBackend::snapshot() const {
+  torch::serialize::OutputArchive a, params, opt;
+  a.write("epoch", torch::tensor(epoch_, torch::kLong));
+  for (size_t i = 0; i < params_.size(); ++i) params.write(std::to_string(i), params_[i].detach().to(torch::kCPU));
+  a.write("params", params);
+  optimizer_->save(opt);
+  a.write("optimizer", opt);
+  std::ostringstream os;
+  a.save_to(os);
+  return std::move(os).str();
+}
+
+void HivemindBackend::restore(const std::string& bytes, const std::string& origin) {
+  std::istringstream is(bytes);
+  torch::serialize::InputArchive a, params, opt;
+  a.load_from(is);
+  at::Tensor epoch;
+  a.read("epoch", epoch);
+  a.read("params", params);
+  torch::NoGradGuard no_grad;
+  std::vector<at::Tensor> loaded(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    params.read(std::to_string(i), loaded[i]);
+    PT_INPUT_CHECK(loaded[i].sizes() == params_[i].sizes(), origin, ": parameter ", i, " has shape ", loaded[i].sizes(),
+                   ", this model's ", params_[i].sizes(), " (another model in the same run_id?)");
+  }
+  a.read("optimizer", opt);
+  optimizer_->load(opt, origin);
+  for (size_t i = 0; i < params_.size(); ++i) params_[i].copy_(loaded[i]);
+  optimizer_->zero_grad();
+  epoch_ = epoch.item<int64_t>();
+}
+
+void HivemindBackend::donate() {
+  if (donor_) donor_->announce(epoch_);
+}
+
+bool HivemindBackend::reload_from_peers(const std::string& why) {
+  hm::DownloadOptions o;
+  o.timeout = ms(h_.load_state_timeout);
+  o.request_timeout = ms(h_.request_timeout);
+  o.next_chunk_timeout = ms(h_.next_chunk_timeout);
+  o.min_epoch = epoch_ + 1;
+  // A state is this model's parameters and at most a few copies more (optimizer moments).
+  int64_t n = 0;
+  for (const auto& p : params_) n += p.numel();
+  o.max_bytes = static_cast<uint64_t>(n) * 4 * 8 + (uint64_t{64} << 20);
+  hm::DownloadReport rep;
+  const auto s = hm::load_state_from_peers(*dht_, h_.run_id + "_state", o, &rep);
+  for (const auto& f : rep.donors_failed) std::fprintf(stderr, "hivemind: state donor %s\n", f.c_str());
+  if (!s) {
+    std::fprintf(stderr, "hivemind: %s, but could not load the swarm's state: %s\n", why.c_str(), rep.why_none.c_str());
+    return false;
+  }
+  const int64_t before = epoch_;
+  try {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    restore(s->bytes, "state from peers");
+  } catch (const std::exception& e) {
+    // Peers in the run with another model (or a corrupt donor): this peer keeps its own state
+    // (restore() checks every shape before it changes anything).
+    std::fprintf(stderr, "hivemind: %s, but the swarm's state does not load here: %s\n", why.c_str(), e.what());
+    std::lock_guard<std::mutex> lock(state_mu_);
+    epoch_ = before;
+    return false;
+  }
+  std::printf("hivemind: %s: loaded the swarm's state at epoch %lld (this peer was at %lld) from %zu donor(s), "
+              "%.1f MB in %.2f s\n",
+              why.c_str(), static_cast<long long>(epoch_), static_cast<long long>(before), rep.donors_used.size(),
+              static_cast<double>(rep.bytes) / 1e6, rep.seconds);
+  std::fflush(stdout);
+  tracker_->update_epoch(epoch_);
+  return true;
+}
+
+int64_t HivemindBackend::catch_up(int64_t step) {
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    epoch_ = step;
+  }
+  tracker_->update_epoch(epoch_);
+  const auto g = tracker_->global(true);
+  if (g.epoch > epoch_) reload_from_peers(step == 0 ? "joining a swarm at epoch " + std::to_string(g.epoch)
+                                                     : "resumed at epoch " + std::to_string(step) +
+                                                           ", the swarm is at " + std::to_string(g.epoch));
+  donate();
+  return epoch_;
+}
+
+void HivemindBackend::set_global_step(int64_t step) {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  epoch_ = step;
+  if (tracker_) tracker_->update_epoch(epoch_);
+}
+
+bool HivemindBackend::known_peers_announced(int64_t epoch) const {
+  const auto g = tracker_->global(true);
+  for (const auto& id : known_peers_) {
+    bool in = false;
+    for (const auto& p : g.others)
+      if (p.peer_id == id && (p.epoch > epoch || (p.epoch == epoch && p.samples_accumulated + p.samples_in_flight > 0)))
+        in = true;
+    if (!in) return false;
+  }
+  return true;
+}
+
+int64_t HivemindBackend::next_micro_batch(int64_t micro_steps_done, int64_t samples_done) const {
+  // The loop also asks one micro-batch ahead, before the backward of the current one (to tell
+  // DDP when to communicate): that look-ahead changes nothing here.
+  if (samples_done != accounted_) return micro_;
+  if (micro_steps_done > 0) {
+    // The first global step of a run with expected_peers waits for every expected peer (a
+    // peer that joined the DHT late may still be starting); later ones for request_timeout.
+    const bool first = h_.expected_peers > 1 && !stepped_;
+    const auto deadline = std::chrono::steady_clock::now() + ms(first ? h_.averaging_timeout : h_.request_timeout);
+    while (!known_peers_announced(epoch_) && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(milliseconds(1));
+    const auto g = tracker_->global(true);
+    if (hm::ready_to_update_epoch(g, epoch_, hm::unix_seconds())) {
+      swarm_samples_ = std::max(g.samples_reserved, g.samples_accumulated);
+      return 0;
+    }
+  }
+  tracker_->reserve(micro_);
+  tracker_->publish_now();
+  micro_start_ = std::chrono::steady_clock::now();
+  return micro_;
+}
+
+void HivemindBackend::backward(const at::Tensor& loss, const MicroStep& m) {
+  loss.backward();
+  accounted_ += m.samples;
+  tracker_->report_local_step(
+      m.samples, std::chrono::duration<double>(std::chrono::steady_clock::now() - micro_start_).count());
+}
+
+void HivemindBackend::average_flat(std::vector<at::Tensor> tensors, bool grads, const void* group_ptr, double weight,
+                                   const std::string& what) {
+  const auto& group = *static_cast<const hm::Group*>(group_ptr);
+  torch::NoGradGuard no_grad;
+  int64_t off = 0;
+  for (auto& t : tensors) {
+    const at::Tensor src = grads ? t.grad() : t;
+    auto dst = flat_.narrow(0, off, t.numel());
+    if (src.defined()) dst.copy_(src.reshape({-1}));
+    else dst.zero_();
+    off += t.numel();
+  }
+  hm::AllReduceOptions o;
+  o.compression = hm::parse_compression(h_.compression);
+  o.allreduce_timeout = ms(h_.allreduce_timeout > 0 ? h_.allreduce_timeout : h_.averaging_timeout);
+  o.next_chunk_timeout = ms(h_.next_chunk_timeout);
+  const auto report = averager_->allreduce(group, flat_.data_ptr<float>(), static_cast<size_t>(off), weight, o);
+  off = 0;
+  for (auto& t : tensors) {
+    if (grads && !t.grad().defined()) t.mutable_grad() = torch::zeros_like(t);
+    at::Tensor dst = grads ? t.grad() : t;
+    dst.copy_(flat_.narrow(0, off, t.numel()).view(t.sizes()));
+    off += t.numel();
+  }
+  const std::string warning = report.warning();
+  if (!warning.empty())
+    std::fprintf(stderr, "hivemind: epoch %lld %s: %s\n", static_cast<long long>(epoch_), what.c_str(), warning.c_str());
+}
+
+StepResult HivemindBackend::step(const StepRequest& request, int64_t step) {
+  const int64_t local = accounted_;
+  PT_CHECK(local > 0, "hivemind step with no local samples");
+  stepped_ = true;
+  {
+    // The loop normalised each micro-batch by samples_per_step() (= one micro-batch): make the
+    // gradient this peer's mean over its `local` samples before averaging.
+    torch::NoGradGuard no_grad;
+    const double scale = static_cast<double>(micro_) / static_cast<double>(local);
+    if (scale != 1.0)
+      for (auto& p : params_)
+        if (p.grad().defined()) p.grad().mul_(scale);
+  }
+  const int64_t round_epoch = epoch_;
+  {
+    // The swarm finished this epoch's round without this peer (it ran late, or was loading):
+    // nobody is left to average with. Its local progress is dropped and the state reloaded.
+    const auto g = tracker_->global(true);
+    bool others_here = false;
+    for (const auto& p : g.others)
+      if (!p.client_mode && p.epoch == round_epoch) others_here = true;
+    if (g.epoch > round_epoch && !others_here &&
+        reload_from_peers("epoch " + std::to_string(round_epoch) + " ended without this peer")) {
+      optimizer_->zero_grad();
+      known_peers_.clear();
+      accounted_ = 0;
+      StepResult r;
+      r.outcome = StepOutcome::kNoUpdate;
+      r.global_step = epoch_;
+      r.samples = local;
+      donate();
+      return r;
+    }
+  }
+  hm::MatchmakingOptions mo;
+  mo.key = h_.run_id + "_grad_" + std::to_string(round_epoch);
+  mo.matchmaking_time = ms(h_.matchmaking_time);
+  mo.request_timeout = ms(h_.request_timeout);
+  mo.min_group_size = static_cast<size_t>(h_.min_group_size);
+  mo.target_group_size = static_cast<size_t>(h_.target_group_size);
+  mo.bandwidth = h_.bandwidth;
+  // The leader starts as soon as every peer that announced samples for this epoch joined.
+  auto expected = [this, round_epoch]() -> size_t {
+    const auto g = tracker_->global(true);
+    size_t n = 1;
+    for (const auto& p : g.others)
+      if (p.epoch == round_epoch && p.samples_accumulated + p.samples_in_flight > 0) ++n;
+    return n;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + ms(h_.averaging_timeout);
+  const auto group = matchmaker_->find_group(mo, expected, deadline);
+  known_peers_.clear();
+  if (group && group->members.size() > 1) {
+    average_flat(params_, /*grads=*/true, &*group, static_cast<double>(local), "gradients");
+    for (size_t i = 0; i < group->members.size(); ++i)
+      if (i != group->self && !group->members[i].address.empty()) known_peers_.insert(group->members[i].peer_id);
+  } else {
+    std::fprintf(stderr, "hivemind: epoch %lld: no averaging group formed within %.0f s (alone or timed out); "
+                 "stepping on this peer's %lld local samples\n",
+                 static_cast<long long>(round_epoch), h_.averaging_timeout, static_cast<long long>(local));
+  }
+  // From the update to the next epoch the state changes: a donor's snapshot waits.
+  std::unique_lock<std::mutex> state_lock(state_mu_);
+  StepResult r = update(request, step);
+  optimizer_->zero_grad();
+  if (group && group->members.size() > 1 && h_.average_state_every > 0 && (round_epoch + 1) % h_.average_state_every == 0) {
+    hm::Group state = *group;
+    state.group_id += "/state";
+    average_flat(params_, /*grads=*/false, &state, 1.0, "parameters");
+  }
+  // The next epoch. A peer that finds the swarm more than one epoch ahead reloads its state;
+  // when that fails it jumps to the swarm's epoch with its own weights.
+  epoch_ = round_epoch + 1;
+  state_lock.unlock();
+  const auto g = tracker_->global(false);
+  if (g.epoch > epoch_ && !reload_from_peers("the swarm is at epoch " + std::to_string(g.epoch) + ", this peer at " +
+                                             std::to_string(epoch_))) {
+    std::fprintf(stderr, "hivemind: jumping ahead to epoch %lld with this peer's weights\n", static_cast<long long>(g.epoch));
+    std::lock_guard<std::mutex> lock(state_mu_);
+    epoch_ = g.epoch;
+  }
+  tracker_->update_epoch(epoch_);
+  donate();
+  accounted_ = 0;
+  r.global_step = epoch_;
+  r.samples = std::max<int64_t>(swarm_samples_, local);
+  return r;
+}
+
+}  // namespace polytrain

@@ -1,0 +1,97 @@
+// env_type=hivemind: a peer of a decentralized swarm (hivemind.Optimizer's semantics). No
+// fixed world, no launcher: the peer joins a DHT, accumulates micro-batches of its own data
+// stream until the swarm's progress reaches hivemind.target_batch_size, then finds a group
+// (matchmaking.h), averages its gradients with it weighted by samples (butterfly.h), and every
+// member takes the same optimizer step: the swarm's global step ("epoch"). With averaging
+// failed (alone, timed out) the peer steps on its local gradients and says so.
+//
+// Samples per global step: every peer announces a micro-batch before computing it (progress
+// records carry samples in flight) and, before deciding on another, waits (bounded by
+// request_timeout) until the peers of its last group announced theirs; the swarm therefore stops
+// at the target instead of overshooting by up to a micro-batch per peer as hivemind does, and
+// with every peer present each global batch is split the same way every time.
+//
+// Joining late, falling behind, restarting (state.h): every non-client peer announces itself as
+// a state donor and, when a newcomer asks, serves a snapshot of its parameters, optimizer state
+// and epoch taken between two optimizer steps (state_mu_); a peer
+// that starts (or resumes) behind the swarm, that finds the swarm's round for its epoch already
+// over, or that ends a step more than one epoch behind, loads the newest state from several
+// donors at once instead of stepping.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "polytrain/parallel/replicated_backend.h"
+
+namespace polytrain {
+
+namespace hivemind {
+class DhtNode;
+class Identity;
+class ProgressTracker;
+class Matchmaker;
+class Averager;
+class Router;
+class Server;
+class StateDonor;
+}  // namespace hivemind
+
+class HivemindBackend : public ReplicatedBackend {
+ public:
+  explicit HivemindBackend(const Config& cfg);
+  ~HivemindBackend() override;
+  std::string name() const override { return "hivemind"; }
+  void prepare(std::shared_ptr<torch::nn::Module> model, const Config& cfg) override;
+  DataShard data_shard() const override;
+  int64_t next_micro_batch(int64_t micro_steps_done, int64_t samples_done) const override;
+  void backward(const at::Tensor& loss, const MicroStep& m) override;
+  StepResult step(const StepRequest& request, int64_t step) override;
+  double reduce_metric(double local_value) override { return local_value; }
+  void barrier() override {}
+  void set_global_step(int64_t step) override;
+  int64_t catch_up(int64_t step) override;
+
+  /// This peer's DHT address (what others pass as --initial_peers) and id.
+  std::string dht_address() const;
+  std::string peer_id() const;
+
+ private:
+  bool known_peers_announced(int64_t epoch) const;
+  /// This peer's parameters, optimizer state and epoch as bytes (what donors serve).
+  std::string snapshot() const;
+  void restore(const std::string& bytes, const std::string& origin);
+  /// Loads the swarm's newest state from donors ahead of epoch_; false (said on stderr) when
+  /// none could be loaded.
+  bool reload_from_peers(const std::string& why);
+  void donate();
+  void average_flat(std::vector<at::Tensor> tensors, bool grads, const void* group, double weight,
+                    const std::string& what);
+
+  HivemindConfig h_;
+  std::shared_ptr<const hivemind::Identity> identity_;
+  std::unique_ptr<hivemind::DhtNode> dht_;
+  std::unique_ptr<hivemind::Averager> averager_;
+  std::unique_ptr<hivemind::Router> router_;
+  std::unique_ptr<hivemind::Matchmaker> matchmaker_;
+  std::unique_ptr<hivemind::Server> server_;
+  std::unique_ptr<hivemind::ProgressTracker> tracker_;
+  std::unique_ptr<hivemind::StateDonor> donor_;  ///< null in client mode
+  std::string address_;  ///< averaging address announced in groups ("" in client mode)
+  int64_t epoch_ = 0;
+  // Accumulation of the current global step (next_micro_batch is const for the loop).
+  mutable int64_t accounted_ = 0;  ///< samples whose backward ran this step
+  mutable std::chrono::steady_clock::time_point micro_start_{};
+  mutable int64_t swarm_samples_ = 0;  ///< the swarm's samples when this peer stopped accumulating
+  std::set<std::string> known_peers_;  ///< peers expected to announce in this epoch
+  bool stepped_ = false;               ///< a global step was taken since the start
+  at::Tensor flat_;                    ///< CPU float32 staging for averaging
+  /// Held while the parameters, optimizer state or epoch change; a donor's snapshot takes it.
+  mutable std::mutex state_mu_;
+};
+
+}  // namespace polytrain

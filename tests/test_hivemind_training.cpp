@@ -1,0 +1,191 @@
+// env_type hivemind through train_bert on the real corpus, as a user starts peers: no launcher,
+// each peer a process given the first one's address. Four peers with target_batch_size 64
+// (16 samples each per global step, dropout off) end every global step with the same bits and
+// match single-process training with batch 64; a peer that joins late loads the swarm's state
+// from several donors and ends with the same bits; and inconsistent swarm settings are one-line
+// errors.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "helpers/free_port.h"
+#include "helpers/own_process.h"
+#include "helpers/program.h"
+#include "helpers/require.h"
+#include "helpers/temp_dir.h"
+#include "polytrain/models/safetensors.h"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using polytrain::testing::OwnProcess;
+
+namespace {
+
+const std::string kTrainBert = POLYTRAIN_BINARY_DIR "/train_bert";
+
+bool assets_present() {
+  return fs::exists(fs::path(POLYTRAIN_SOURCE_DIR) / ".cache/assets/vocab/bert-base-uncased-vocab.txt");
+}
+
+struct Swarm : ::testing::Test {
+  polytrain::testing::TempDir tmp{"pt_swarm"};
+  fs::path dir = tmp.path;
+  void SetUp() override {
+    PT_SKIP_UNLESS(assets_present(), "the BERT vocab in .cache/assets (scripts/fetch_assets.sh)");
+    std::ifstream in(fs::path(POLYTRAIN_SOURCE_DIR) / "configs/bert_tiny.json");
+    json c = json::parse(in);
+    c["model"]["hidden_dropout_prob"] = 0.0;
+    c["model"]["attention_probs_dropout_prob"] = 0.0;
+    c.erase("gradient_accumulation_steps");
+    c["trainer"]["num_threads"] = 1;
+    c["trainer"]["eval_interval"] = 1000;
+    c["trainer"]["log_interval"] = 1;
+    c["trainer"]["progress_bar"] = false;
+    c["trainer"]["save_safetensors"] = true;
+    c["trainer"]["experiments_dir"] = (dir / "exp").string();
+    std::ofstream(dir / "config.json") << c.dump(2);
+  }
+
+  std::string base(const std::string& name) const {
+    return kTrainBert + " --config '" + (dir / "config.json").string() +
+           "' --experiment_name " + name + " --save_dir '" + (dir / name).string() + "'";
+  }
+
+  std::map<std::string, at::Tensor> weights(const std::string& name, int64_t step) {
+    std::map<std::string, at::Tensor> m;
+    for (auto& [k, v] : polytrain::load_safetensors(
+             (dir / name / ("global_step" + std::to_string(step)) / "model.safetensors").string()))
+      m[k] = v;
+    return m;
+  }
+};
+
+double max_difference(const std::map<std::string, at::Tensor>& a, const std::map<std::string, at::Tensor>& b) {
+  double worst = 0;
+  EXPECT_EQ(a.size(), b.size());
+  for (const auto& [k, v] : a) {
+    EXPECT_TRUE(b.count(k)) << k;
+    if (b.count(k)) worst = std::max(worst, (b.at(k) - v).abs().max().item<double>());
+  }
+  return worst;
+}
+
+// Each peer ends on its own within `seconds` (else all are killed); each must exit 0.
+bool all_finish(std::vector<std::unique_ptr<OwnProcess>>& peers, int seconds) {
+  const bool done = polytrain::testing::wait_until(
+      [&] {
+        for (auto& p : peers)
+          if (p->running()) return false;
+        return true;
+      },
+      seconds);
+  for (size_t k = 0; k < peers.size(); ++k) {
+    if (!done) peers[k]->signal(SIGKILL);
+    EXPECT_EQ(peers[k]->wait(), 0) << "peer " << k << ":\n" << peers[k]->output();
+  }
+  return done;
+}
+
+}  // namespace
+
+TEST_F(Swarm, FourPeersStayIdenticalAndMatchSingleProcessTraining) {
+  constexpr int kPeers = 4, kSteps = 20;
+  const std::string steps = " --max_steps " + std::to_string(kSteps) + " --save_interval " + std::to_string(kSteps);
+  // Peers first (they wait for each other); the reference runs while nothing else does.
+  const int port = polytrain::testing::free_port();
+  const std::string first = "127.0.0.1:" + std::to_string(port);
+  const std::string run_id = "swarm-test-" + std::to_string(::getpid());
+  std::vector<std::unique_ptr<OwnProcess>> peers;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int k = 0; k < kPeers; ++k) {
+    const std::string name = "peer" + std::to_string(k);
+    const std::string cmd =
+        "OMP_NUM_THREADS=1 exec " + base(name) + steps +
+        " --env_type hivemind --train_batch_size 16 --train_micro_batch_size_per_gpu 16 --target_batch_size 64"
+        " --num_streams 4 --stream_index " + std::to_string(k) + " --expected_peers 4 --run_id " + run_id +
+        " --matchmaking_time 10 --averaging_timeout 30" +
+        (k == 0 ? " --listen " + first : " --listen 127.0.0.1:0 --initial_peers " + first);
+    peers.push_back(std::make_unique<OwnProcess>(cmd, POLYTRAIN_SOURCE_DIR, (dir / (name + ".log")).string()));
+    if (k == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));  // its DHT node binds first
+  }
+  ASSERT_TRUE(all_finish(peers, 240)) << "the swarm did not finish in 240 s";
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("[swarm] 4 peers, %d global steps of 64 samples: %.1f s\n", kSteps, seconds);
+  // No peer ever stepped alone.
+  for (int k = 0; k < kPeers; ++k) EXPECT_EQ(peers[k]->output().find("no averaging group"), std::string::npos) << peers[k]->output();
+
+  const auto ref = polytrain::testing::run_program(base("ref") + steps +
+                                                   " --env_type pytorch --train_batch_size 64 --train_micro_batch_size_per_gpu 16");
+  ASSERT_EQ(ref.code, 0) << ref.out;
+
+  const auto w0 = weights("peer0", kSteps);
+  for (int k = 1; k < kPeers; ++k)
+    EXPECT_EQ(max_difference(w0, weights("peer" + std::to_string(k), kSteps)), 0.0) << "peer " << k << " vs peer 0";
+  const double d = max_difference(weights("ref", kSteps), w0);
+  std::printf("[swarm] largest parameter difference after %d global steps, swarm vs single process: %.3g\n", kSteps, d);
+  EXPECT_LE(d, 1e-5);
+}
+
+TEST_F(Swarm, ALateJoinerLoadsTheSwarmsStateFromSeveralDonorsAndEndsIdentical) {
+  constexpr int kFounders = 3, kSteps = 30;
+  const std::string steps = " --max_steps " + std::to_string(kSteps) + " --save_interval " + std::to_string(kSteps);
+  const std::string first = "127.0.0.1:" + std::to_string(polytrain::testing::free_port());
+  const std::string run_id = "swarm-late-" + std::to_string(::getpid());
+  const std::string common = " --env_type hivemind --train_batch_size 16 --train_micro_batch_size_per_gpu 16"
+                             " --target_batch_size 48 --run_id " + run_id + " --matchmaking_time 10 --averaging_timeout 30";
+  std::vector<std::unique_ptr<OwnProcess>> peers;
+  auto start = [&](int k, const std::string& extra) {
+    const std::string name = "peer" + std::to_string(k);
+    const std::string cmd = "OMP_NUM_THREADS=1 exec " + base(name) + steps + common + extra +
+                            (k == 0 ? " --listen " + first : " --listen 127.0.0.1:0 --initial_peers " + first);
+    peers.push_back(std::make_unique<OwnProcess>(cmd, POLYTRAIN_SOURCE_DIR, (dir / (name + ".log")).string()));
+  };
+  for (int k = 0; k < kFounders; ++k) {
+    start(k, " --expected_peers 3");
+    if (k == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+  // The newcomer starts once the founders are 8 global steps in.
+  const bool underway = polytrain::testing::wait_until(
+      [&] { return peers[0]->output().find("step 8/") != std::string::npos || !peers[0]->running(); }, 180);
+  ASSERT_TRUE(underway) << peers[0]->output();
+  start(kFounders, "");
+  ASSERT_TRUE(all_finish(peers, 240)) << "the swarm did not finish in 240 s";
+  const std::string late = peers[kFounders]->output();
+  const auto at = late.find("loaded the swarm's state at epoch ");
+  ASSERT_NE(at, std::string::npos) << late;
+  const int64_t epoch = std::stoll(late.substr(at + 34));
+  EXPECT_GE(epoch, 8) << late;
+  std::printf("[swarm] late joiner: %s\n", late.substr(late.rfind('\n', at) + 1, late.find('\n', at) - late.rfind('\n', at) - 1).c_str());
+  // It continued from there (its first logged step is after the loaded epoch), and every peer,
+  // the newcomer included, ends with the same bits.
+  const auto first_step = late.find("step ", at);
+  ASSERT_NE(first_step, std::string::npos) << late;
+  EXPECT_GT(std::stoll(late.substr(first_step + 5)), epoch) << late;
+  const auto w0 = weights("peer0", kSteps);
+  for (int k = 1; k <= kFounders; ++k)
+    EXPECT_EQ(max_difference(w0, weights("peer" + std::to_string(k), kSteps)), 0.0) << "peer " << k << " vs peer 0";
+}
+
+TEST_F(Swarm, InconsistentSettingsAreOneLineErrors) {
+  using polytrain::testing::expect_one_line_error;
+  using polytrain::testing::run_program;
+  const std::string hm = base("bad") + " --env_type hivemind --train_batch_size 16 --train_micro_batch_size_per_gpu 16";
+  expect_one_line_error(run_program(hm), "hivemind.target_batch_size");
+  expect_one_line_error(run_program(hm + " --target_batch_size 8"), "smaller than this peer's micro-batch");
+  expect_one_line_error(run_program(hm + " --target_batch_size 64 --request_timeout 20"),
+                        "'hivemind.request_timeout' (20 s) must be shorter than hivemind.matchmaking_time");
+  expect_one_line_error(run_program(hm + " --target_batch_size 64 --listen localhost"), "hivemind.listen");
+  expect_one_line_error(run_program(hm + " --target_batch_size 64 --compression zstd"), "hivemind.compression");
+  expect_one_line_error(run_program(hm + " --target_batch_size 64 --listen 127.0.0.1:0 --initial_peers 127.0.0.1:9 "
+                                         "--bootstrap_timeout 1"),
+                        "127.0.0.1:9");
+}
