@@ -75,6 +75,25 @@ TEST(Record, SealedRecordOpensUnderItsKeyOnly) {
             hm::Reject::kFarFuture);
 }
 
+// Swarm nodes drop values OpenDHT sends in parts (over 600 bytes in a put): the largest record
+// a peer may seal still travels in one packet.
+TEST(Record, TheLargestRecordFitsOneOpenDhtPacket) {
+  hm::Record r;
+  r.kind = "progress";
+  r.counter = UINT64_MAX - 1;
+  r.expiry_ms = hm::unix_ms() + 60'000;
+  r.payload = std::string(hm::kMaxPayloadBytes, 'x');
+  const std::string sealed = hm::seal_record(r, seeded(3), hm::DhtNode::key_bytes("run_progress"));
+  EXPECT_LE(sealed.size(), hm::kMaxRecordBytes);
+  ASSERT_TRUE(hm::open_record(sealed, hm::DhtNode::key_bytes("run_progress"), hm::unix_ms()).record);
+  dht::Value v(0x5054, reinterpret_cast<const uint8_t*>(sealed.data()), sealed.size(), UINT64_MAX - 1);
+  msgpack::sbuffer packed;
+  msgpack::pack(packed, v);
+  EXPECT_LT(packed.size(), 600u) << "OpenDHT would send it in parts";
+  r.payload += 'x';
+  EXPECT_ANY_THROW(hm::seal_record(r, seeded(3), hm::DhtNode::key_bytes("run_progress")));
+}
+
 TEST(Record, ThousandFuzzedForgedReplayedAndOversizeRecordsAreAllRefused) {
   const auto alice = seeded(1), mallory = seeded(2);
   const std::string key = hm::DhtNode::key_bytes("run_progress");

@@ -60,8 +60,11 @@ bool verify_signature(const PublicKey& owner, std::string_view message, std::str
 /// 20-byte digest (BLAKE2b) of a string: the DHT key of `name`, the value id of an owner's slot.
 std::array<uint8_t, 20> digest20(std::string_view data);
 
-constexpr size_t kMaxRecordBytes = 2048;   ///< a whole encoded record
-constexpr size_t kMaxPayloadBytes = 1536;  ///< its payload
+// OpenDHT 2.4 sends a put's values in one packet only when they total under 600 bytes
+// (MAX_PACKET_VALUE_SIZE), and swarm nodes drop values sent in parts (dht.cpp): a record,
+// wrapped as an OpenDHT value (~40 bytes more), must stay under that.
+constexpr size_t kMaxRecordBytes = 512;   ///< a whole encoded record
+constexpr size_t kMaxPayloadBytes = 360;  ///< its payload
 constexpr size_t kMaxKindBytes = 16;
 
 /// The kinds a swarm publishes; anything else is refused.
