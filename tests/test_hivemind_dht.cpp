@@ -250,10 +250,11 @@ struct Once {
 // A raw OpenDHT node on the swarm's network (what an attacker runs).
 struct RawNode {
   dht::DhtRunner runner;
-  RawNode(uint32_t network, const std::string& bootstrap) {
+  RawNode(uint32_t network, const std::string& bootstrap, dht::crypto::Identity identity = {}) {
     dht::DhtRunner::Config config;
     config.threaded = true;
     config.dht_config.node_config.network = network;
+    config.dht_config.id = std::move(identity);
     config.bind4 = dht::SockAddr::resolve("127.0.0.1", "0").front();
     runner.run(config, dht::DhtRunner::Context());
     const auto colon = bootstrap.rfind(':');
@@ -310,18 +311,10 @@ struct DhtRole : ::testing::Environment {
       }
     }
     if (r == "attacker") {
-      const std::string target = std::getenv("PT_DHT_TARGET");
-      dht::DhtRunner runner;
-      dht::DhtRunner::Config config;
-      config.threaded = true;
-      config.dht_config.node_config.network = static_cast<uint32_t>(std::stoul(std::getenv("PT_DHT_NETWORK")));
-      config.dht_config.id = dht::crypto::generateIdentity("attacker", {}, 2048);
-      config.bind4 = dht::SockAddr::resolve("127.0.0.1", "0").front();
-      runner.run(config, dht::DhtRunner::Context());
-      const auto colon = target.rfind(':');
-      Once joined;
-      runner.bootstrap(dht::SockAddr::resolve(target.substr(0, colon), target.substr(colon + 1)).front(), joined.cb());
-      joined.wait(5s);
+      // An RSA identity: OpenDHT's signed puts need one. The process ends by _Exit below.
+      RawNode node(static_cast<uint32_t>(std::stoul(std::getenv("PT_DHT_NETWORK"))), std::getenv("PT_DHT_TARGET"),
+                   dht::crypto::generateIdentity("attacker", {}, 2048));
+      dht::DhtRunner& runner = node.runner;
       const auto key = dht::InfoHash::get("crash_progress");
       auto signed_value = std::make_shared<dht::Value>(std::string("signed"));
       signed_value->id = 0x1234;
