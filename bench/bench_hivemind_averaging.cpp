@@ -16,28 +16,14 @@
 #include "polytrain/parallel/hivemind/butterfly.h"
 #include "polytrain/parallel/hivemind/wire.h"
 
+#include "loopback_tcp.h"
+
 namespace hm = polytrain::hivemind;
 using namespace std::chrono_literals;
 
 namespace {
 
 using Peer = hm::AveragingPeer;
-
-// One stream, 1 MiB frames, the receiver discarding: the link this machine's loopback gives.
-double tcp_bandwidth(size_t bytes) {
-  hm::Server sink("127.0.0.1:0", [](hm::Connection& c) {
-    try {
-      for (;;) c.receive(hm::after(10s), size_t{4} << 20);
-    } catch (const hm::NetError&) {
-    }
-  });
-  auto c = hm::Connection::connect(sink.address(), hm::after(5s));
-  const std::string frame(size_t{1} << 20, 'x');
-  const auto t0 = std::chrono::steady_clock::now();
-  for (size_t sent = 0; sent < bytes; sent += frame.size()) c->send(1, frame, hm::after(10s));
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return static_cast<double>(bytes) / s;
-}
 
 }  // namespace
 
@@ -53,7 +39,7 @@ int main(int argc, char** argv) {
   o.compression = hm::parse_compression(argc > 3 ? argv[3] : "none");
   o.allreduce_timeout = 600s;
   o.next_chunk_timeout = 60s;
-  const double link = tcp_bandwidth(size_t{1} << 30);
+  const double link = loopback_tcp_bandwidth(size_t{1} << 30);
   std::printf("loopback TCP, one stream, 1 MiB frames: %.2f GB/s (%u cores)\n", link / 1e9,
               std::thread::hardware_concurrency());
   std::printf("%5s %8s %10s %10s %10s %8s  compression %s\n", "peers", "MB", "round s", "algbw GB/s", "busbw GB/s",

@@ -180,6 +180,15 @@ TEST(ConfigJson, DuplicateKeyNamesFilePathAndLine) {
   EXPECT_NO_THROW(parse_json_strict(R"({"a": {"x": 1}, "b": {"x": 1}, "c": [{"x": 1}, {"x": 2}]})", "c"));
 }
 
+TEST(ConfigJson, ANumberOutOfRangeIsInputErrorNamingFileAndLine) {
+  try {
+    parse_json_strict("{\n  \"train_batch_size\": 8,\n  \"gradient_clipping\": 1e999\n}\n", "ds.json");
+    FAIL() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("ds.json:3:24: number overflow parsing '1e999'", 0), 0u) << e.what();
+  }
+}
+
 TEST(ConfigJson, MalformedJsonGivesFileLineColumn) {
   const std::string text = "{\n  \"a\": 1,\n  \"b\": ,\n}\n";
   try {

@@ -327,6 +327,27 @@ hm::DownloadOptions small_pieces() {
 
 }  // namespace
 
+TEST(StateDownload, APeerStatePacksItsPartsAndRefusesTruncatedOrForeignBytes) {
+  hm::PeerState s;
+  s.epoch = 41;
+  s.model = std::string(1000, 'm') + std::string(1, '\0');
+  s.optimizer = "adam";
+  s.config = "{}";
+  const std::string b = hm::pack_peer_state(s);
+  const auto back = hm::unpack_peer_state(b);
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->epoch, 41);
+  EXPECT_EQ(back->model, s.model);
+  EXPECT_EQ(back->optimizer, "adam");
+  EXPECT_EQ(back->config, "{}");
+  for (size_t cut = 0; cut < b.size(); cut += 7) EXPECT_FALSE(hm::unpack_peer_state(b.substr(0, cut))) << cut;
+  EXPECT_FALSE(hm::unpack_peer_state(b + "x"));
+  EXPECT_FALSE(hm::unpack_peer_state("PK\3\4 a zip file, as torch::save writes"));
+  std::string huge = b;  // a length field claiming more than there is
+  huge[huge.find('m') - 1] = '\x7f';
+  EXPECT_FALSE(hm::unpack_peer_state(huge));
+}
+
 TEST(StateDownload, StripesAcrossDonorsAndFinishesWhenOneDiesAndOneLies) {
   const std::string state = random_state(24 << 20, 1);
   std::vector<std::unique_ptr<Donor>> donors;

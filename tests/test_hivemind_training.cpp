@@ -1,7 +1,8 @@
 // env_type hivemind through train_bert on the real corpus, as a user starts peers: no launcher,
 // each peer a process given the first one's address. Four peers with target_batch_size 64
-// (16 samples each per global step, dropout off) end every global step with the same bits and
-// match single-process training with batch 64; a peer that joins late loads the swarm's state
+// (16 samples each per global step, dropout off) and a monitor end every global step with the
+// same bits and match single-process training with batch 64, the monitor logs every step and
+// its checkpoint resumes a single process that ends where the swarm did; a peer that joins late loads the swarm's state
 // from several donors and ends with the same bits; and inconsistent swarm settings are one-line
 // errors.
 #include <gtest/gtest.h>
@@ -31,6 +32,7 @@ using polytrain::testing::OwnProcess;
 namespace {
 
 const std::string kTrainBert = POLYTRAIN_BINARY_DIR "/train_bert";
+const std::string kMonitor = POLYTRAIN_BINARY_DIR "/hivemind_monitor";
 
 bool assets_present() {
   return fs::exists(fs::path(POLYTRAIN_SOURCE_DIR) / ".cache/assets/vocab/bert-base-uncased-vocab.txt");
@@ -98,13 +100,18 @@ bool all_finish(std::vector<std::unique_ptr<OwnProcess>>& peers, int seconds) {
 
 }  // namespace
 
-TEST_F(Swarm, FourPeersStayIdenticalAndMatchSingleProcessTraining) {
+TEST_F(Swarm, FourPeersAndAMonitorStayIdenticalAndMatchSingleProcessTraining) {
   constexpr int kPeers = 4, kSteps = 20;
   const std::string steps = " --max_steps " + std::to_string(kSteps) + " --save_interval " + std::to_string(kSteps);
-  // Peers first (they wait for each other); the reference runs while nothing else does.
-  const int port = polytrain::testing::free_port();
-  const std::string first = "127.0.0.1:" + std::to_string(port);
+  // The monitor first: its DHT node is the one the peers join through. It logs every global
+  // step and saves the swarm's state every 5.
+  const std::string first = "127.0.0.1:" + std::to_string(polytrain::testing::free_port());
   const std::string run_id = "swarm-test-" + std::to_string(::getpid());
+  OwnProcess monitor("exec " + kMonitor + " --run_id " + run_id + " --listen " + first + " --log_dir '" + (dir / "monitor").string() +
+                         "' --save_dir '" + (dir / "monitor_ckpt").string() + "' --save_every 5 --keep_last 0 --refresh 0.2",
+                     POLYTRAIN_SOURCE_DIR, (dir / "monitor.log").string());
+  ASSERT_TRUE(polytrain::testing::wait_until([&] { return monitor.output().find("--initial_peers") != std::string::npos; }, 30))
+      << monitor.output();
   std::vector<std::unique_ptr<OwnProcess>> peers;
   const auto t0 = std::chrono::steady_clock::now();
   for (int k = 0; k < kPeers; ++k) {
@@ -113,16 +120,41 @@ TEST_F(Swarm, FourPeersStayIdenticalAndMatchSingleProcessTraining) {
         "OMP_NUM_THREADS=1 exec " + base(name) + steps +
         " --env_type hivemind --train_batch_size 16 --train_micro_batch_size_per_gpu 16 --target_batch_size 64"
         " --num_streams 4 --stream_index " + std::to_string(k) + " --expected_peers 4 --run_id " + run_id +
-        " --matchmaking_time 10 --averaging_timeout 30" +
-        (k == 0 ? " --listen " + first : " --listen 127.0.0.1:0 --initial_peers " + first);
+        " --matchmaking_time 10 --averaging_timeout 30 --listen 127.0.0.1:0 --initial_peers " + first;
     peers.push_back(std::make_unique<OwnProcess>(cmd, POLYTRAIN_SOURCE_DIR, (dir / (name + ".log")).string()));
-    if (k == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));  // its DHT node binds first
   }
   ASSERT_TRUE(all_finish(peers, 420)) << "the swarm did not finish in 420 s";
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("[swarm] 4 peers, %d global steps of 64 samples: %.1f s\n", kSteps, seconds);
   // No peer ever stepped alone.
   for (int k = 0; k < kPeers; ++k) EXPECT_EQ(peers[k]->output().find("no averaging group"), std::string::npos) << peers[k]->output();
+
+  // The monitor logged every global step with all 4 peers and 64 samples, and the loss fell.
+  const fs::path jsonl = dir / "monitor" / "metrics.jsonl";
+  auto logged = [&] {
+    std::vector<json> lines;
+    std::ifstream in(jsonl);
+    for (std::string l; std::getline(in, l);) lines.push_back(json::parse(l));
+    return lines;
+  };
+  EXPECT_TRUE(polytrain::testing::wait_until([&] { return logged().size() >= kSteps; }, 60)) << monitor.output();
+  const auto stop = std::chrono::steady_clock::now();
+  monitor.signal(SIGTERM);
+  EXPECT_EQ(monitor.wait(), 0) << monitor.output();
+  std::printf("[swarm] the monitor stopped %.2f s after SIGTERM\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - stop).count());
+  const auto lines = logged();
+  ASSERT_EQ(lines.size(), static_cast<size_t>(kSteps)) << monitor.output();
+  for (int s = 1; s <= kSteps; ++s) {
+    const json& l = lines[s - 1];
+    EXPECT_EQ(l["step"], s) << l;
+    EXPECT_EQ(l["alive_peers"], kPeers) << l;
+    EXPECT_EQ(l["samples"], 64) << l;
+    EXPECT_GT(l["samples_per_second"].get<double>(), 0.0) << l;
+  }
+  EXPECT_LT(lines.back()["loss"].get<double>(), lines.front()["loss"].get<double>());
+  std::printf("[swarm] monitor: swarm loss %.4f at step 1, %.4f at step %d\n", lines.front()["loss"].get<double>(),
+              lines.back()["loss"].get<double>(), kSteps);
 
   const auto ref = polytrain::testing::run_program(base("ref") + steps +
                                                    " --env_type pytorch --train_batch_size 64 --train_micro_batch_size_per_gpu 16");
@@ -134,6 +166,26 @@ TEST_F(Swarm, FourPeersStayIdenticalAndMatchSingleProcessTraining) {
   const double d = max_difference(weights("ref", kSteps), w0);
   std::printf("[swarm] largest parameter difference after %d global steps, swarm vs single process: %.3g\n", kSteps, d);
   EXPECT_LE(d, 1e-5);
+
+  // The monitor's newest checkpoint before the end is the swarm's state there: one process
+  // resumed from it with --load_dir (parameters, optimizer state, step) ends where the swarm did.
+  int64_t saved = 0;
+  for (const auto& e : fs::directory_iterator(dir / "monitor_ckpt")) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("global_step", 0) == 0 && fs::exists(e.path() / "complete.json"))
+      if (const int64_t at = std::stoll(n.substr(11)); at < kSteps) saved = std::max(saved, at);
+  }
+  ASSERT_GE(saved, 5) << monitor.output();
+  std::ofstream(dir / "monitor_ckpt" / "latest") << "global_step" << saved;
+  const auto resumed = polytrain::testing::run_program(
+      base("resumed") + steps + " --env_type pytorch --train_batch_size 64 --train_micro_batch_size_per_gpu 16 --load_dir '" +
+      (dir / "monitor_ckpt").string() + "'");
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  EXPECT_NE(resumed.out.find("at step " + std::to_string(saved)), std::string::npos) << resumed.out;
+  const double dr = max_difference(weights("resumed", kSteps), w0);
+  std::printf("[swarm] resumed from the monitor's checkpoint at step %lld: largest difference at step %d %.3g\n",
+              static_cast<long long>(saved), kSteps, dr);
+  EXPECT_LE(dr, 1e-5);
 }
 
 TEST_F(Swarm, ALateJoinerLoadsTheSwarmsStateFromSeveralDonorsAndEndsIdentical) {

@@ -68,7 +68,11 @@ INSTANTIATE_TEST_SUITE_P(
                       BadHostfile{"a slots=x\n", "hosts.txt:1: bad hostfile entry"},
                       BadHostfile{"a slots=2 extra\n", "hosts.txt:1: bad hostfile entry"},
                       BadHostfile{"a slots=0\n", "hosts.txt:1: host 'a' has slots=0"},
-                      BadHostfile{"a:1 slots=2\n", "contains ':'"}),
+                      BadHostfile{"a:1 slots=2\n", "hosts.txt:1: 'a:1' is not a host name"},
+                      BadHostfile{"ok slots=1\nb\x1b[2Jad slots=2\n", "hosts.txt:2: 'b\\x1b[2Jad' is not a host name"},
+                      BadHostfile{"a;rm slots=2\n", "'a;rm' is not a host name"},
+                      BadHostfile{"a..b slots=2\n", "'a..b' is not a host name"},
+                      BadHostfile{"a slots=70000\n", "host 'a' has slots=70000 (must be 1 to 65536)"}),
                          [](const auto& info) { return "case" + std::to_string(info.index); });
 
 TEST(Hostfile, MissingFileIsNamed) {
@@ -153,6 +157,60 @@ TEST(Pool, EncodeDecodeRoundTrip) {
   EXPECT_NE(error_of([] { decode_pool("a:0@a:1"); }).find("repeated"), std::string::npos);
 }
 
+TEST(Hostfile, HostNamesFollowDns) {
+  EXPECT_TRUE(valid_host_name("worker-0"));
+  EXPECT_TRUE(valid_host_name("node_7.cluster.example"));
+  EXPECT_TRUE(valid_host_name("10.0.0.3"));
+  EXPECT_TRUE(valid_host_name("fqdn.example."));
+  EXPECT_TRUE(valid_host_name(std::string(63, 'a') + "." + std::string(63, 'b')));
+  EXPECT_FALSE(valid_host_name(std::string(64, 'a')));                     // a label over 63
+  EXPECT_FALSE(valid_host_name(std::string(4, '.') + "a"));
+  std::string long_name;
+  for (int i = 0; i < 64; ++i) long_name += "abc.";
+  EXPECT_FALSE(valid_host_name(long_name + "x"));                          // over 253 in all
+  for (const char* bad : {"", ".", "a b", "a\tb", "a\nb", "a'b", "$(id)", "a:1", "a@b", "a,b", "\xc3\xa9t\xc3\xa9"})
+    EXPECT_FALSE(valid_host_name(bad)) << bad;
+  // The long name's error is bounded, not the whole name.
+  const std::string err = error_of([&] { parse_hostfile(std::string(5000, 'x') + " slots=1\n", "hf"); });
+  EXPECT_LT(err.size(), 300u) << err;
+  EXPECT_NE(error_of([&] { make_plan({{"a", {0}}}, "bad addr", 29500, false); }).find("--master_addr"), std::string::npos);
+}
+
+TEST(Layout, SlotListsAndRunLengthLayouts) {
+  EXPECT_EQ(encode_slots({0, 1, 2, 3, 4, 5, 6, 7}), "0-7");
+  EXPECT_EQ(encode_slots({1, 3}), "1,3");
+  EXPECT_EQ(encode_slots({0, 1, 2, 5, 7, 8}), "0-2,5,7-8");
+  EXPECT_EQ(decode_slots("0-2,5,7-8", "f"), (std::vector<int>{0, 1, 2, 5, 7, 8}));
+  for (const char* bad : {"", "3,1", "1,1", "2-1", "a", "0-", "1,", "0-99999999", "-1"})
+    EXPECT_NE(error_of([&] { decode_slots(bad, "--node_slots"); }).find("--node_slots"), std::string::npos) << bad;
+  ResourcePool big;
+  for (int i = 0; i < 10000; ++i) big.push_back({"worker-" + std::to_string(i), {0, 1, 2, 3, 4, 5, 6, 7}});
+  EXPECT_EQ(encode_slot_layout(big), "10000x0-7");
+  const auto v = node_in_layout("10000x0-7", 9999);
+  EXPECT_EQ(v.slots.size(), 8u);
+  EXPECT_EQ(v.rank_offset, 79992);
+  EXPECT_EQ(v.world_size, 80000);
+  EXPECT_EQ(v.num_nodes, 10000);
+  const auto pool = decode_pool("h1:1,3@h2:0,1,2,3@h3:0,1,2,3@h4:0");
+  EXPECT_EQ(encode_slot_layout(pool), "1x1,3@2x0-3@1x0");
+  const auto plan = make_plan(pool, "", 29500, true);
+  for (int k = 0; k < 4; ++k) {  // the layout gives every node what the full plan gives it
+    const auto n = node_in_layout(encode_slot_layout(pool), k);
+    EXPECT_EQ(n.slots, plan.nodes[k].slots);
+    EXPECT_EQ(n.rank_offset, plan.nodes[k].ranks.front());
+    EXPECT_EQ(n.world_size, 11);
+    EXPECT_EQ(n.num_nodes, 4);
+    const auto node = make_node_plan(plan.nodes[k].host, k, n.slots, n.rank_offset, n.world_size, n.num_nodes,
+                                     plan.master_addr, 29500, true);
+    for (int i = 0; i < static_cast<int>(n.slots.size()); ++i) EXPECT_EQ(worker_env(node, k, i, 1), worker_env(plan, k, i, 1));
+  }
+  EXPECT_NE(error_of([] { node_in_layout("2x0-3", 2); }).find("--node_rank 2 is not a node"), std::string::npos);
+  EXPECT_NE(error_of([] { node_in_layout("0x0", 0); }).find("is not COUNTxSLOTS"), std::string::npos);
+  EXPECT_NE(error_of([] { node_in_layout("999999999x0-1023", 0); }).find("more than 2^30"), std::string::npos);
+  EXPECT_NE(error_of([] { make_node_plan("h", 0, {0, 1}, 5, 6, 1, "m", 29500, false); }).find("do not fit"),
+            std::string::npos);
+}
+
 TEST(Plan, RanksLocalRanksAndEnvironment) {
   const auto pool = filter_resources(parse_hostfile("n0 slots=4\nn1 slots=4\n", "hf"), "n0:1,3@n1", "");
   const auto plan = make_plan(pool, "", 29501, /*gpu_slots=*/true);
@@ -210,10 +268,21 @@ TEST(Runners, WorkerAndNodeCommands) {
   EXPECT_EQ(worker_argv(o, 3), (Argv{"train_bert", "--config", "c.json"}));
   const auto plan = make_plan(decode_pool("h1:0,1@h2:1"), "", 29500, true);
   o.log_dir = "logs";
-  const auto node = node_launcher_argv(o, plan, "%n", "/opt/bin/launch");
-  EXPECT_EQ(join_command(node),
-            "/opt/bin/launch --world_info h1:0,1@h2:1 --node_rank %n --master_addr h1 --master_port 29500 "
+  EXPECT_EQ(join_command(node_launcher_argv(o, plan, 1, "/opt/bin/launch")),
+            "/opt/bin/launch --node_host h2 --node_rank 1 --node_slots 1 --rank_offset 2 --world_size 3 "
+            "--num_nodes_total 2 --master_addr h1 --master_port 29500 --slot_type auto --term_timeout 5.000000 "
+            "--no_local_rank --log_dir logs -- train_bert --config c.json");
+  EXPECT_EQ(join_command(pdsh_node_launcher_argv(o, plan, "/opt/bin/launch")),
+            "/opt/bin/launch --slot_layout 1x0-1@1x1 --node_rank %n --master_addr h1 --master_port 29500 "
             "--slot_type auto --term_timeout 5.000000 --no_local_rank --log_dir logs -- train_bert --config c.json");
+  // Linear in the hosts: a node's command is as long with 10,000 hosts as with 2 (but digits).
+  ResourcePool big;
+  for (int i = 0; i < 10000; ++i) big.push_back({"h" + std::to_string(i + 1), {0}});
+  const auto big_plan = make_plan(big, "h1", 29500, true);
+  EXPECT_LE(join_command(node_launcher_argv(o, big_plan, 1, "/opt/bin/launch")).size(),
+            join_command(node_launcher_argv(o, plan, 1, "/opt/bin/launch")).size() + 16);
+  EXPECT_EQ(join_command(pdsh_node_launcher_argv(o, big_plan, "/opt/bin/launch")).find("--slot_layout 10000x0 "),
+            std::string("/opt/bin/launch ").size());
   EXPECT_EQ(remote_shell_command("/my dir", {{"NCCL_DEBUG", "INFO"}}, {"a", "b c"}),
             "cd '/my dir' && exec env NCCL_DEBUG=INFO a 'b c'");
   EXPECT_EQ(shell_quote("it's"), "'it'\\''s'");

@@ -362,6 +362,16 @@ json parse_json_strict(const std::string& text, const std::string& origin) {
     const size_t colon = msg.find(": ", column == std::string::npos ? 0 : column);
     if (colon != std::string::npos) msg = msg.substr(colon + 2);
     throw InputError(config_detail::line_col_prefix(text, e.byte, origin) + msg);
+  } catch (const json::exception& e) {  // out_of_range 406: "number overflow parsing '1e999'"
+    std::string msg = e.what();
+    if (msg.rfind("[json.exception.", 0) == 0 && msg.find("] ") != std::string::npos) msg = msg.substr(msg.find("] ") + 2);
+    size_t at = std::string::npos;
+    const size_t q = msg.find('\'');
+    if (q != std::string::npos && msg.find('\'', q + 1) != std::string::npos) {
+      at = text.find(msg.substr(q + 1, msg.find('\'', q + 1) - q - 1));
+    }
+    throw InputError((at == std::string::npos ? origin + ": " : config_detail::line_col_prefix(text, at + 1, origin)) + msg +
+                     (msg.find("overflow") != std::string::npos ? " (out of the range of a double)" : ""));
   }
 }
 

@@ -45,9 +45,32 @@ std::string trim(const std::string& s);
 /// the shape shared by hostfiles and .deepspeed_env files.
 std::vector<std::pair<int, std::string>> content_lines(const std::string& text);
 
-/// "h1:0,1@h2:0" (the include syntax, every slot explicit): how the plan travels to the
-/// per-node launchers of a multi-node run.
+/// "h1:0,1@h2:0" (the include syntax, every slot explicit).
 std::string encode_pool(const ResourcePool& pool);
 ResourcePool decode_pool(const std::string& text);
+
+/// A host name the launcher accepts: 1-253 characters of letters, digits, '-', '_' and '.',
+/// no empty label and none longer than 63 (DNS), or an IPv4 address. Control characters,
+/// blanks, quotes and shell metacharacters never reach a command line.
+bool valid_host_name(const std::string& host);
+
+/// Slot lists as written on command lines: "0-7", "1,3", "0-3,6" (ascending, no repeats).
+std::string encode_slots(const std::vector<int>& slots);
+std::vector<int> decode_slots(const std::string& text, const std::string& flag);
+
+/// The shape of a pool without its host names, run-length encoded: "COUNTxSLOTS" runs joined
+/// by '@' ("10000x0-7" for 10,000 hosts of 8 slots): what a per-node launcher started by pdsh
+/// needs to find its own slots and first rank from its node rank. Its size grows with the
+/// number of runs, not hosts.
+std::string encode_slot_layout(const ResourcePool& pool);
+
+/// Where node `node_rank` of a layout stands.
+struct NodeView {
+  std::vector<int> slots;
+  int rank_offset = 0;  ///< global rank of its first slot
+  int world_size = 0;
+  int num_nodes = 0;
+};
+NodeView node_in_layout(const std::string& layout, int node_rank);
 
 }  // namespace polytrain::launcher

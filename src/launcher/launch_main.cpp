@@ -95,7 +95,7 @@ struct Job {
 // The processes of this node's ranks, started directly.
 void local_procs(const LaunchOptions& o, const WorldPlan& plan, int node, const EnvList& exports, int restart,
                  Job& job) {
-  const auto& n = plan.nodes.at(node);
+  const auto& n = plan.nodes.at(node - plan.first_node);
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const bool set_threads = !std::getenv("OMP_NUM_THREADS") && n.ranks.size() > 1;
   for (size_t i = 0; i < n.ranks.size(); ++i) {
@@ -142,23 +142,20 @@ Job build_job(const LaunchOptions& o, const WorldPlan& plan, const std::string& 
                                        : srun_argv(o, plan, exports);
     for (const auto& n : plan.nodes)
       for (size_t i = 0; i < n.ranks.size(); ++i) job.hosts_commands[n.host].push_back(join_command(o.program));
-  } else {
+  } else if (launcher == "ssh") {
     for (size_t k = 0; k < plan.nodes.size(); ++k) {
       const std::string cmd =
-          remote_shell_command(cwd, exports, node_launcher_argv(o, plan, std::to_string(k), self_exe()));
+          remote_shell_command(cwd, exports, node_launcher_argv(o, plan, static_cast<int>(k), self_exe()));
       job.hosts_commands[plan.nodes[k].host].push_back(cmd);
-      if (launcher == "ssh") {
-        ProcSpec p;
-        p.label = cat("host ", plan.nodes[k].host, " (ssh)");
-        p.argv = ssh_argv(o, plan.nodes[k].host, cmd);
-        p.env = make_environment({});
-        p.stdin_pipe = true;
-        job.procs.push_back(std::move(p));
-      }
+      ProcSpec p;
+      p.label = cat("host ", plan.nodes[k].host, " (ssh)");
+      p.argv = ssh_argv(o, plan.nodes[k].host, cmd);
+      p.env = make_environment({});
+      p.stdin_pipe = true;
+      job.procs.push_back(std::move(p));
     }
-    if (launcher == "pdsh") {
-      job.runner = pdsh_argv(o, plan, remote_shell_command(cwd, exports, node_launcher_argv(o, plan, "%n", self_exe())));
-    }
+  } else {  // pdsh: one command for every host; the dry run shows it once, as runner_command
+    job.runner = pdsh_argv(o, plan, remote_shell_command(cwd, exports, pdsh_node_launcher_argv(o, plan, self_exe())));
   }
   if (!job.runner.empty()) {
     ProcSpec p;
@@ -194,7 +191,13 @@ int run(int argc, char** argv) {
   app.add_flag("--dry_run", o.dry_run, "print the plan as JSON and exit");
   app.add_option("--term_timeout", o.term_timeout, "seconds from SIGTERM to SIGKILL when stopping workers")->check(CLI::NonNegativeNumber);
   app.add_option("--slot_type", o.slot_type, "gpu (set CUDA_VISIBLE_DEVICES), cpu, auto")->check(CLI::IsMember({"gpu", "cpu", "auto"}));
-  app.add_option("--world_info", o.world_info, "internal: the plan, for per-node launchers")->group("");
+  // internal: how a multi-node launch tells each per-node launcher where it stands
+  app.add_option("--node_host", o.node_host)->group("");
+  app.add_option("--node_slots", o.node_slots)->group("");
+  app.add_option("--rank_offset", o.rank_offset)->group("");
+  app.add_option("--world_size", o.world_size)->group("");
+  app.add_option("--num_nodes_total", o.world_nodes)->group("");
+  app.add_option("--slot_layout", o.slot_layout)->group("");
   bool hold_pid = false;
   app.add_flag("--hold_pid", hold_pid, "internal: run PROGRAM for mpirun (pid_holder.h)")->group("");
   try {
@@ -219,10 +222,24 @@ int run(int argc, char** argv) {
   std::string launcher = o.launcher;
   int node_rank = 0;
   int restart_base = 0;  // a per-node launcher inherits the group's restart count
-  if (!o.world_info.empty()) {  // a per-node launcher started by pdsh/ssh
-    pool = decode_pool(o.world_info);
-    PT_INPUT_CHECK(o.node_rank >= 0 && o.node_rank < static_cast<int>(pool.size()), "--node_rank ", o.node_rank,
-                   " is not a node of --world_info (", pool.size(), " nodes)");
+  const bool per_node = !o.node_slots.empty() || !o.slot_layout.empty();
+  WorldPlan plan;
+  if (per_node) {  // started by pdsh/ssh on one host of a multi-node launch
+    std::vector<int> slots;
+    int offset = o.rank_offset, world = o.world_size, nodes = o.world_nodes;
+    if (!o.slot_layout.empty()) {
+      PT_INPUT_CHECK(o.node_rank >= 0, "--slot_layout needs --node_rank (got ", o.node_rank, ")");
+      const NodeView v = node_in_layout(o.slot_layout, o.node_rank);
+      slots = v.slots, offset = v.rank_offset, world = v.world_size, nodes = v.num_nodes;
+    } else {
+      slots = decode_slots(o.node_slots, "--node_slots");
+    }
+    std::string host = o.node_host;
+    if (host.empty()) {  // pdsh: this machine's name (pdsh prefixes every line with it too)
+      char name[256] = {0};
+      host = gethostname(name, sizeof(name) - 1) == 0 && name[0] ? name : "localhost";
+    }
+    plan = make_node_plan(host, o.node_rank, slots, offset, world, nodes, o.master_addr, o.master_port, gpu_slots);
     hangup_when_parent_dies();  // the ssh session ending stops this node's workers
     launcher = "local", node_rank = o.node_rank;
     if (const char* r = std::getenv("TORCHELASTIC_RESTART_COUNT")) restart_base = std::atoi(r);
@@ -252,8 +269,8 @@ int run(int argc, char** argv) {
       PT_INPUT_CHECK(pool.size() == 1 && is_local_host(pool.front().host), "--launcher local runs on this machine only, but the plan has ",
                      pool.size(), " host(s) starting with '", pool.front().host, "'; use pdsh, ssh, openmpi or slurm");
     }
+    plan = make_plan(pool, o.master_addr, o.master_port, gpu_slots);
   }
-  const WorldPlan plan = make_plan(pool, o.master_addr, o.master_port, gpu_slots);
   if (launcher == "local" || launcher == "openmpi" || launcher == "slurm") {
     o.program.front() = resolve_program(o.program.front(), launcher == "local" && !o.dry_run);
   }
@@ -295,13 +312,13 @@ int run(int argc, char** argv) {
       job.procs.back().argv = mpirun_argv(with_pid_holder(o), plan, remote_exports(load_env_files()), mpi_hostfile);
     }
     if (attempt == 0 || launcher != "local" || node_rank == 0) {
-      std::fprintf(stderr, "launch: %s, world size %d on %zu host(s), master %s:%d%s\n", launcher.c_str(),
-                   plan.world_size, plan.nodes.size(), plan.master_addr.c_str(), plan.master_port,
+      std::fprintf(stderr, "launch: %s, world size %d on %d host(s), master %s:%d%s\n", launcher.c_str(),
+                   plan.world_size, plan.num_nodes, plan.master_addr.c_str(), plan.master_port,
                    attempt ? cat(", restart ", attempt, " of ", o.max_restarts).c_str() : "");
     }
     const Outcome out = supervise(job.procs, so);
     if (!mpi_hostfile.empty()) unlink(mpi_hostfile.c_str());
-    if (!o.world_info.empty() && out.failed >= 0) {  // tell the launcher that started this node
+    if (per_node && out.failed >= 0) {  // tell the launcher that started this node
       std::fprintf(stderr, "%s\n", node_failure_line(node_rank, out.exit_code).c_str());
     }
     if (out.exit_code == 0 || out.launcher_signal != 0 || attempt >= o.max_restarts) return out.exit_code;

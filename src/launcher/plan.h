@@ -24,12 +24,20 @@ struct WorldPlan {
   int master_port = 29500;
   int world_size = 0;
   bool gpu_slots = false;  ///< slots are GPUs: workers get CUDA_VISIBLE_DEVICES
+  int num_nodes = 0;       ///< nodes in the world
+  int first_node = 0;      ///< node index of nodes[0] (a per-node launcher holds only its own node)
   std::vector<NodePlan> nodes;
 };
 
 /// Ranks are assigned host by host in pool order. master_addr empty = the first host
 /// (127.0.0.1 when that host is this machine).
 WorldPlan make_plan(const ResourcePool& pool, const std::string& master_addr, int master_port, bool gpu_slots);
+
+/// What a per-node launcher knows: its own node `node_index` (host, slots, first global rank)
+/// of a world of `world_size` ranks on `num_nodes` nodes. Nothing here grows with the hosts.
+WorldPlan make_node_plan(const std::string& host, int node_index, const std::vector<int>& slots, int rank_offset,
+                         int world_size, int num_nodes, const std::string& master_addr, int master_port,
+                         bool gpu_slots);
 
 /// The environment of local rank `local_index` on node `node_index`: RANK, LOCAL_RANK,
 /// WORLD_SIZE, LOCAL_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, CROSS_RANK, CROSS_SIZE, MASTER_ADDR,

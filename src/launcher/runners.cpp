@@ -68,18 +68,33 @@ Argv worker_argv(const LaunchOptions& o, int local_rank) {
   return a;
 }
 
-Argv node_launcher_argv(const LaunchOptions& o, const WorldPlan& plan, const std::string& node_rank,
-                        const std::string& self_exe) {
-  ResourcePool pool;
-  for (const auto& n : plan.nodes) pool.push_back({n.host, n.slots});
-  Argv a{self_exe,        "--world_info",   encode_pool(pool), "--node_rank",
-         node_rank,       "--master_addr",  plan.master_addr,  "--master_port",
-         std::to_string(plan.master_port), "--slot_type", o.slot_type, "--term_timeout",
-         std::to_string(o.term_timeout)};
+namespace {
+// What every per-node launcher receives after its node's own description.
+Argv node_launcher_tail(const LaunchOptions& o, const WorldPlan& plan) {
+  Argv a{"--master_addr", plan.master_addr, "--master_port", std::to_string(plan.master_port), "--slot_type",
+         o.slot_type, "--term_timeout", std::to_string(o.term_timeout)};
   if (o.no_local_rank) a.push_back("--no_local_rank");
   if (!o.log_dir.empty()) append(a, {"--log_dir", o.log_dir});
   a.push_back("--");
   append(a, o.program);
+  return a;
+}
+}  // namespace
+
+Argv node_launcher_argv(const LaunchOptions& o, const WorldPlan& plan, int node_index, const std::string& self_exe) {
+  const NodePlan& n = plan.nodes.at(node_index - plan.first_node);
+  Argv a{self_exe, "--node_host", n.host, "--node_rank", std::to_string(node_index), "--node_slots",
+         encode_slots(n.slots), "--rank_offset", std::to_string(n.ranks.front()), "--world_size",
+         std::to_string(plan.world_size), "--num_nodes_total", std::to_string(plan.num_nodes)};
+  append(a, node_launcher_tail(o, plan));
+  return a;
+}
+
+Argv pdsh_node_launcher_argv(const LaunchOptions& o, const WorldPlan& plan, const std::string& self_exe) {
+  ResourcePool pool;
+  for (const auto& n : plan.nodes) pool.push_back({"", n.slots});
+  Argv a{self_exe, "--slot_layout", encode_slot_layout(pool), "--node_rank", "%n"};
+  append(a, node_launcher_tail(o, plan));
   return a;
 }
 

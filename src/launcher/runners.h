@@ -32,18 +32,24 @@ struct LaunchOptions {
   bool dry_run = false;
   double term_timeout = 5.0;   ///< seconds between SIGTERM and SIGKILL when stopping workers
   std::string slot_type = "auto";  ///< gpu, cpu, auto (gpu when this machine has NVIDIA devices)
-  std::string world_info;      ///< internal: the plan sent to per-node launchers
+  // internal: a per-node launcher's own node (ssh: explicit; pdsh: from the slot layout)
+  std::string node_host, node_slots, slot_layout;
+  int rank_offset = -1, world_size = -1, world_nodes = -1;
   Argv program;                ///< PROGRAM [ARGS...]
 };
 
 /// PROGRAM ARGS [--local_rank=N].
 Argv worker_argv(const LaunchOptions& o, int local_rank);
 
-/// What runs on node `node_index` of a multi-node launch: this launcher again, in per-node
-/// mode, with the plan in --world_info, so the hostfile need not exist on that host.
-/// `node_rank` is the literal to pass ("%n" lets pdsh substitute it).
-Argv node_launcher_argv(const LaunchOptions& o, const WorldPlan& plan, const std::string& node_rank,
-                        const std::string& self_exe);
+/// What runs on node `node_index` of a multi-node launch through ssh: this launcher again, in
+/// per-node mode, told only its own node (--node_host, --node_rank, --node_slots,
+/// --rank_offset) and the world's size (--world_size, --num_nodes): every host's command has
+/// the same length whatever the number of hosts, and the hostfile need not exist there.
+Argv node_launcher_argv(const LaunchOptions& o, const WorldPlan& plan, int node_index, const std::string& self_exe);
+
+/// The one command pdsh runs on every host: the world's slot layout run-length encoded
+/// (--slot_layout 10000x0-7) and --node_rank %n, which pdsh replaces by the host's index.
+Argv pdsh_node_launcher_argv(const LaunchOptions& o, const WorldPlan& plan, const std::string& self_exe);
 
 /// "cd CWD && exec env K=V ... ARGV" with every word shell-quoted.
 std::string remote_shell_command(const std::string& cwd, const EnvList& exports, const Argv& argv);

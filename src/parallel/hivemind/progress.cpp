@@ -5,6 +5,8 @@
 #include <cmath>
 #include <msgpack.hpp>
 
+#include "polytrain/parallel/hivemind/msgpack_fields.h"
+
 #include "polytrain/common/error.h"
 #include "polytrain/parallel/hivemind/dht.h"
 
@@ -30,24 +32,10 @@ std::string encode_progress(const PeerProgress& p) {
 
 std::optional<PeerProgress> decode_progress(const std::string& payload) {
   try {
-    size_t off = 0;
-    auto oh = msgpack::unpack(payload.data(), payload.size(), off, nullptr, nullptr,
-                              msgpack::unpack_limit(6, 0, 0, 0, 0, 1));
-    if (off != payload.size()) return std::nullopt;
-    const auto& o = oh.get();
-    if (o.type != msgpack::type::ARRAY || o.via.array.size != 6) return std::nullopt;
-    const auto* f = o.via.array.ptr;
-    auto as_int = [](const msgpack::object& x, int64_t& v) {
-      if (x.type != msgpack::type::POSITIVE_INTEGER || x.via.u64 > (uint64_t{1} << 53)) return false;
-      v = static_cast<int64_t>(x.via.u64);
-      return true;
-    };
-    auto as_num = [](const msgpack::object& x, double& v) {
-      if (x.type == msgpack::type::FLOAT64 || x.type == msgpack::type::FLOAT32) v = x.via.f64;
-      else if (x.type == msgpack::type::POSITIVE_INTEGER) v = static_cast<double>(x.via.u64);
-      else return false;
-      return std::isfinite(v) && v >= 0.0;
-    };
+    msgpack::object_handle hold;
+    const msgpack::object* f = fields::array_of(payload, 6, hold);
+    if (!f) return std::nullopt;
+    using fields::as_int, fields::as_num;
     PeerProgress p;
     if (!as_int(f[0], p.epoch) || !as_int(f[1], p.samples_accumulated) || !as_num(f[2], p.samples_per_second) ||
         !as_num(f[3], p.time) || f[4].type != msgpack::type::BOOLEAN || !as_int(f[5], p.samples_in_flight))
@@ -162,6 +150,11 @@ int64_t ProgressTracker::local_epoch() const {
 int64_t ProgressTracker::local_samples() const {
   std::lock_guard<std::mutex> lock(mu_);
   return local_.samples_accumulated;
+}
+
+double ProgressTracker::samples_per_second() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ema_sps_;
 }
 
 GlobalProgress ProgressTracker::global(bool refresh) {

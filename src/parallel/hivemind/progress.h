@@ -91,6 +91,8 @@ class ProgressTracker {
   GlobalProgress global(bool refresh = false);
   int64_t local_epoch() const;
   int64_t local_samples() const;
+  /// This peer's throughput (moving average over its micro-batches).
+  double samples_per_second() const;
   /// Publishes now and waits for it (tests, shutdown).
   bool publish_now();
 

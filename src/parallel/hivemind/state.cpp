@@ -46,6 +46,49 @@ Digest digest32(std::string_view data) {
   return out;
 }
 
+namespace {
+constexpr std::string_view kStateMagic = "polytrain-peer-state-1\n";
+
+bool get_u64(std::string_view& in, uint64_t& v) {
+  if (in.size() < 8) return false;
+  v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(static_cast<uint8_t>(in[i])) << (8 * i);
+  in.remove_prefix(8);
+  return true;
+}
+
+bool get_bytes(std::string_view& in, std::string& out) {
+  uint64_t n = 0;
+  if (!get_u64(in, n) || n > in.size()) return false;
+  out.assign(in.data(), n);
+  in.remove_prefix(n);
+  return true;
+}
+}  // namespace
+
+std::string pack_peer_state(const PeerState& s) {
+  std::string out;
+  out.reserve(kStateMagic.size() + 32 + s.model.size() + s.optimizer.size() + s.config.size());
+  out.append(kStateMagic);
+  put_u64(out, static_cast<uint64_t>(s.epoch));
+  for (const std::string* part : {&s.model, &s.optimizer, &s.config}) {
+    put_u64(out, part->size());
+    out.append(*part);
+  }
+  return out;
+}
+
+std::optional<PeerState> unpack_peer_state(std::string_view in) {
+  if (in.substr(0, kStateMagic.size()) != kStateMagic) return std::nullopt;
+  in.remove_prefix(kStateMagic.size());
+  PeerState s;
+  uint64_t epoch = 0;
+  if (!get_u64(in, epoch) || epoch > (uint64_t{1} << 62)) return std::nullopt;
+  s.epoch = static_cast<int64_t>(epoch);
+  if (!get_bytes(in, s.model) || !get_bytes(in, s.optimizer) || !get_bytes(in, s.config) || !in.empty()) return std::nullopt;
+  return s;
+}
+
 std::string encode_donor(const DonorInfo& d) {
   std::string s;
   put_str(s, d.address);

@@ -62,6 +62,18 @@ struct StateSnapshot {
   Digest digest{};
 };
 
+/// What a donor serves, in one byte string: the swarm's epoch, the model (a checkpoint's
+/// state.pt: every parameter and buffer by name), the optimizer state (a checkpoint's
+/// shard_0.pt) and the peer's configuration (JSON). Byte-compatible with a checkpoint's files,
+/// so a monitor with no model writes a loadable checkpoint from it.
+struct PeerState {
+  int64_t epoch = 0;
+  std::string model, optimizer, config;
+};
+std::string pack_peer_state(const PeerState& s);
+/// nullopt when `bytes` is not a packed PeerState (wrong magic, truncated, trailing bytes).
+std::optional<PeerState> unpack_peer_state(std::string_view bytes);
+
 /// Serves this peer's state to newcomers and announces it in the DHT.
 class StateDonor {
  public:

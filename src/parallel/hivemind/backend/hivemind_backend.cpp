@@ -2,7 +2,9 @@
 // driven by the Trainer loop through the Backend interface.
 #include "polytrain/parallel/hivemind/backend/hivemind_backend.h"
 
+#include <cmath>
 #include <cstdio>
+#include <map>
 #include <sstream>
 #include <thread>
 
@@ -13,9 +15,11 @@
 #include "polytrain/parallel/hivemind/butterfly.h"
 #include "polytrain/parallel/hivemind/dht.h"
 #include "polytrain/parallel/hivemind/matchmaking.h"
+#include "polytrain/parallel/hivemind/metrics.h"
 #include "polytrain/parallel/hivemind/progress.h"
 #include "polytrain/parallel/hivemind/record.h"
 #include "polytrain/parallel/hivemind/state.h"
+#include "polytrain/trainer/checkpoint.h"
 #include "polytrain/trainer/optimizers.h"
 
 namespace polytrain {
@@ -41,6 +45,7 @@ HivemindBackend::~HivemindBackend() {
   // Release waiting followers and join streams first, then stop serving, then leave the DHT.
   if (matchmaker_) matchmaker_->stop();
   if (server_) server_->stop();
+  metrics_.reset();
   tracker_.reset();
   server_.reset();
   donor_.reset();
@@ -68,6 +73,7 @@ DataShard HivemindBackend::data_shard() const {
 
 void HivemindBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Config& cfg) {
   build(std::move(model), cfg);
+  config_json_ = config_to_json(cfg).dump();
   int64_t n = 0;
   for (const auto& p : params_) n += p.numel();
   flat_ = torch::empty({n}, torch::kFloat);
@@ -100,6 +106,7 @@ void HivemindBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Co
                                           h_.metadata_expiration, 0.0},
       epoch_);
   tracker_->publish_now();
+  metrics_ = std::make_unique<hm::MetricsPublisher>(*dht_, h_.run_id + "_metrics", ms(h_.metadata_expiration));
   std::printf("hivemind: peer %s of run '%s' on %s (DHT, UDP)%s%s; others join with --initial_peers %s\n",
               short_id(peer_id()).c_str(), h_.run_id.c_str(), dht_->address().c_str(),
               h_.client_mode ? ", client mode (no inbound connections)" : ", averaging on ",
@@ -129,36 +136,63 @@ void HivemindBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Co
 }
 
 std::string HivemindBackend::snapshot() const {
-  torch::serialize::OutputArchive a, params, opt;
-  a.write("epoch", torch::tensor(epoch_, torch::kLong));
-  for (size_t i = 0; i < params_.size(); ++i) params.write(std::to_string(i), params_[i].detach().to(torch::kCPU));
-  a.write("params", params);
-  optimizer_->save(opt);
-  a.write("optimizer", opt);
-  std::ostringstream os;
-  a.save_to(os);
-  return std::move(os).str();
+  // A checkpoint's state.pt and shard_0.pt, byte for byte (a monitor saves them as they come).
+  auto to_bytes = [](torch::serialize::OutputArchive& a) {
+    std::ostringstream os;
+    a.save_to(os);
+    return std::move(os).str();
+  };
+  hm::PeerState s;
+  s.epoch = epoch_;
+  {
+    NamedTensors state;
+    for (const auto& [name, t] : module_state(*model_)) state.emplace_back(name, t.detach().to(torch::kCPU));
+    torch::serialize::OutputArchive a, m;
+    save_named_tensors(state, m);
+    a.write("model", m);
+    s.model = to_bytes(a);
+  }
+  {
+    torch::serialize::OutputArchive o;
+    optimizer_->save(o);
+    s.optimizer = to_bytes(o);
+  }
+  s.config = config_json_;
+  return hm::pack_peer_state(s);
 }
 
 void HivemindBackend::restore(const std::string& bytes, const std::string& origin) {
-  std::istringstream is(bytes);
-  torch::serialize::InputArchive a, params, opt;
-  a.load_from(is);
-  at::Tensor epoch;
-  a.read("epoch", epoch);
-  a.read("params", params);
-  torch::NoGradGuard no_grad;
-  std::vector<at::Tensor> loaded(params_.size());
-  for (size_t i = 0; i < params_.size(); ++i) {
-    params.read(std::to_string(i), loaded[i]);
-    PT_INPUT_CHECK(loaded[i].sizes() == params_[i].sizes(), origin, ": parameter ", i, " has shape ", loaded[i].sizes(),
-                   ", this model's ", params_[i].sizes(), " (another model in the same run_id?)");
+  const auto s = hm::unpack_peer_state(bytes);
+  PT_INPUT_CHECK(s, origin, ": not a polytrain peer state (another program in the same run_id?)");
+  NamedTensors loaded;
+  {
+    std::istringstream is(s->model);
+    torch::serialize::InputArchive a, m;
+    a.load_from(is);
+    a.read("model", m);
+    loaded = load_named_tensors_archive(m);
   }
-  a.read("optimizer", opt);
-  optimizer_->load(opt, origin);
-  for (size_t i = 0; i < params_.size(); ++i) params_[i].copy_(loaded[i]);
+  // Every tensor is checked before anything changes: a mismatch leaves this peer as it was.
+  std::map<std::string, const at::Tensor*> index;
+  for (const auto& [name, t] : loaded) index[name] = &t;
+  const auto mine = module_state(*model_);
+  PT_INPUT_CHECK(index.size() == mine.size(), origin, ": holds ", index.size(), " tensors, this model has ", mine.size(),
+                 " (another model in the same run_id?)");
+  for (const auto& [name, t] : mine) {
+    const auto it = index.find(name);
+    PT_INPUT_CHECK(it != index.end(), origin, ": has no tensor '", name, "' (another model in the same run_id?)");
+    PT_INPUT_CHECK(it->second->sizes() == t.sizes(), origin, ": tensor '", name, "' has shape ", it->second->sizes(),
+                   ", this model's ", t.sizes(), " (another model in the same run_id?)");
+  }
+  {
+    std::istringstream is(s->optimizer);
+    torch::serialize::InputArchive opt;
+    opt.load_from(is);
+    optimizer_->load(opt, origin);
+  }
+  load_module_state(*model_, loaded, origin);
   optimizer_->zero_grad();
-  epoch_ = epoch.item<int64_t>();
+  epoch_ = s->epoch;
 }
 
 void HivemindBackend::donate() {
@@ -260,6 +294,8 @@ int64_t HivemindBackend::next_micro_batch(int64_t micro_steps_done, int64_t samp
 
 void HivemindBackend::backward(const at::Tensor& loss, const MicroStep& m) {
   loss.backward();
+  loss_sum_ = loss_sum_.defined() ? loss_sum_ + loss.detach().to(torch::kDouble) : loss.detach().to(torch::kDouble);
+  ++mini_steps_;
   accounted_ += m.samples;
   tracker_->report_local_step(
       m.samples, std::chrono::duration<double>(std::chrono::steady_clock::now() - micro_start_).count());
@@ -320,6 +356,8 @@ StepResult HivemindBackend::step(const StepRequest& request, int64_t step) {
       optimizer_->zero_grad();
       known_peers_.clear();
       accounted_ = 0;
+      loss_sum_ = at::Tensor();
+      mini_steps_ = 0;
       StepResult r;
       r.outcome = StepOutcome::kNoUpdate;
       r.global_step = epoch_;
@@ -377,7 +415,19 @@ StepResult HivemindBackend::step(const StepRequest& request, int64_t step) {
   }
   tracker_->update_epoch(epoch_);
   donate();
+  // For monitors: this peer's share of the global step it took part in. backward() received
+  // each micro-batch's mean loss x loss_scale x samples / micro-batch.
+  hm::StepMetrics sm;
+  sm.step = round_epoch + 1;
+  const double loss_sum = loss_sum_.defined() ? loss_sum_.item<double>() : 0.0;
+  sm.loss = loss_sum * static_cast<double>(micro_) / (request.loss_scale * static_cast<double>(local));
+  sm.samples = local;
+  sm.samples_per_second = tracker_->samples_per_second();
+  sm.mini_steps = mini_steps_;
+  if (std::isfinite(sm.loss)) metrics_->post(sm);
   accounted_ = 0;
+  loss_sum_ = at::Tensor();
+  mini_steps_ = 0;
   r.global_step = epoch_;
   r.samples = std::max<int64_t>(swarm_samples_, local);
   return r;

@@ -39,6 +39,7 @@ class Averager;
 class Router;
 class Server;
 class StateDonor;
+class MetricsPublisher;
 }  // namespace hivemind
 
 class HivemindBackend : public ReplicatedBackend {
@@ -81,6 +82,10 @@ class HivemindBackend : public ReplicatedBackend {
   std::unique_ptr<hivemind::Server> server_;
   std::unique_ptr<hivemind::ProgressTracker> tracker_;
   std::unique_ptr<hivemind::StateDonor> donor_;  ///< null in client mode
+  std::unique_ptr<hivemind::MetricsPublisher> metrics_;  ///< `metrics` records for monitors
+  std::string config_json_;  ///< this peer's configuration, served with its state
+  at::Tensor loss_sum_;  ///< sum of what backward() received this step (scaled; no host sync per micro-batch)
+  mutable int64_t mini_steps_ = 0;
   std::string address_;  ///< averaging address announced in groups ("" in client mode)
   int64_t epoch_ = 0;
   // Accumulation of the current global step (next_micro_batch is const for the loop).
