@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -21,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "helpers/free_port.h"
 #include "helpers/own_process.h"
 #include "helpers/require.h"
 
@@ -646,5 +648,105 @@ TEST(Launch, RestartResumesTrainingFromTheLastCheckpoint) {
   EXPECT_NE(out.find("resumed from " + ckpt + "/global_step"), std::string::npos) << out;
   EXPECT_TRUE(fs::exists(fs::path(ckpt) / "global_step30")) << out;
 }
+
+// ---- fault injection (POLYTRAIN_FAULT, src/common/fault.h) ----------------------------------
+// Two pytorchDDP ranks of tiny BERT under the launcher; rank 1 sends itself a signal at a chosen
+// moment. The job must end within its deadline with the failing rank's code, leave no process
+// behind (every pid the launcher listed, checked by pid and start time), and the last
+// complete checkpoint must load.
+
+struct Fault {
+  const char* point;
+  int hit;
+  const char* signal;
+  int expect_code;  // the launcher's exit code
+  double deadline;  // seconds from the fault to the launcher's exit
+};
+void PrintTo(const Fault& f, std::ostream* os) { *os << f.point << ":" << f.hit << ":" << f.signal; }
+
+class FaultInjection : public ::testing::TestWithParam<Fault> {};
+
+TEST_P(FaultInjection, TheJobEndsInTimeLeavesNothingAndTheLastCheckpointLoads) {
+  PT_SKIP_UNLESS(fs::exists(fs::path(POLYTRAIN_SOURCE_DIR) / ".cache/assets/vocab/bert-base-uncased-vocab.txt"),
+                 "the BERT vocab in .cache/assets (scripts/fetch_assets.sh)");
+  const Fault f = GetParam();
+  TempDir t;
+  // comm_timeout 8 s: a rank stopped mid-all-reduce is found by its peer's deadline.
+  json cfg = json::parse(std::ifstream(fs::path(POLYTRAIN_SOURCE_DIR) / "configs/bert_tiny.json"));
+  cfg["trainer"]["comm_timeout"] = 8;
+  cfg["trainer"]["keep_last"] = 2;
+  cfg["data"]["eval_batches"] = 2;
+  std::ofstream(t.path / "config.json") << cfg.dump(2);
+  const std::string ckpt = (t.path / "ckpt").string();
+  const std::string pids = (t.path / "group.pids").string();
+  const std::string flags = " --train_batch_size 32 --save_interval 2 --eval_interval 3 --log_interval 1 --no_progress_bar"
+                            " --num_threads 1 --experiments_dir '" + (t.path / "exp").string() + "'";
+  OwnProcess launch("POLYTRAIN_FAULT=1:" + std::string(f.point) + ":" + std::to_string(f.hit) + ":" + f.signal +
+                        " exec " + env_prefix(t) + kLaunch + " --num_gpus 2 --master_port " +
+                        std::to_string(polytrain::testing::free_port()) + " --term_timeout 3 --pid_file '" + pids +
+                        "' train_bert --config '" + (t.path / "config.json").string() +
+                        "' --env_type pytorchDDP --save_dir '" + ckpt + "' --max_steps 8" + flags,
+                    POLYTRAIN_SOURCE_DIR, (t.path / "out.txt").string());
+  // The group's processes, as the launcher lists them while they run.
+  std::vector<polytrain::testing::ListedProcess> listed;
+  ASSERT_TRUE(wait_until([&] { return (listed = polytrain::testing::read_pid_file(pids)).size() >= 2 || !launch.running(); },
+                         120))
+      << launch.output();
+  ASSERT_GE(listed.size(), 2u) << launch.output();
+  // The fault: rank 1 says so on stderr before the signal.
+  const std::string said = std::string("sends itself SIG") + f.signal + " at '" + f.point + "'";
+  ASSERT_TRUE(wait_until([&] { return launch.output().find(said) != std::string::npos || !launch.running(); }, 240))
+      << launch.output();
+  ASSERT_NE(launch.output().find(said), std::string::npos) << launch.output();
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool ended = wait_until([&] { return !launch.running(); }, f.deadline + 30);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(ended) << launch.output();
+  const int code = launch.wait();
+  const std::string out = launch.output();
+  std::printf("[fault] rank 1 SIG%s at %s (pass %d): the launcher exited %d, %.1f s after the fault\n", f.signal,
+              f.point, f.hit, code, took);
+  EXPECT_EQ(code, f.expect_code) << out;
+  EXPECT_LE(took, f.deadline) << out;
+  EXPECT_FALSE(fs::exists(pids)) << "the launcher removes its pid file when the group has ended";
+  for (const auto& p : listed) {  // gone, or the pid now belongs to another process
+    EXPECT_NE(polytrain::launcher::process_start_time(p.pid), p.start_time) << p.label << " (pid " << p.pid << ") is left";
+  }
+  // The last complete checkpoint loads: one process resumes from `latest` and trains on.
+  // (Killed in its third checkpoint file, rank 1 has completed at least one checkpoint.)
+  if (std::string(f.point) == "checkpoint") ASSERT_TRUE(fs::exists(fs::path(ckpt) / "latest")) << out;
+  if (!fs::exists(fs::path(ckpt) / "latest")) return;
+  std::string latest;
+  std::ifstream(fs::path(ckpt) / "latest") >> latest;
+  auto r = run(env_prefix(t) + POLYTRAIN_BINARY_DIR "/train_bert --config '" + (t.path / "config.json").string() +
+                   "' --env_type pytorch --save_dir '" + (t.path / "resumed").string() +
+                   "' --load_dir '" + ckpt + "' --max_steps 9" + flags,
+               POLYTRAIN_SOURCE_DIR);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("resumed from " + ckpt + "/" + latest), std::string::npos) << r.out;
+}
+
+// A malformed POLYTRAIN_FAULT ends the launcher and a training program before anything starts.
+TEST(Launch, AMalformedFaultSpecIsExitCode2) {
+  for (const std::string program : {kLaunch + " --num_gpus 1 train_bert", std::string(POLYTRAIN_BINARY_DIR "/train_bert")}) {
+    auto r = run("POLYTRAIN_FAULT=1:nowhere:2 exec " + program + " --config configs/bert_tiny.json --max_steps 1",
+                 POLYTRAIN_SOURCE_DIR);
+    EXPECT_EQ(r.code, 2) << program << "\n" << r.out;
+    EXPECT_NE(r.out.find("error: POLYTRAIN_FAULT='1:nowhere:2': expected RANK:POINT"), std::string::npos) << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << "one line\n" << r.out;
+  }
+}
+
+// Deadlines: a killed rank is seen at once (the launcher reaps it), the others stopped within
+// --term_timeout 3; a stopped rank is found by its peer's comm_timeout (8 s), which fails
+// with exit code 1, and the stopped one is SIGKILLed after --term_timeout.
+INSTANTIATE_TEST_SUITE_P(
+    Points, FaultInjection,
+    ::testing::Values(Fault{"rendezvous", 1, "KILL", 137, 8}, Fault{"allreduce", 3, "KILL", 137, 8},
+                      Fault{"checkpoint", 3, "KILL", 137, 8}, Fault{"eval", 1, "KILL", 137, 8},
+                      Fault{"allreduce", 3, "STOP", 1, 20}),
+    [](const auto& info) {
+      return std::string(info.param.point) + "_" + info.param.signal;
+    });
 
 }  // namespace

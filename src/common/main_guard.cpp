@@ -5,6 +5,7 @@
 #include <string>
 
 #include "polytrain/common/error.h"
+#include "polytrain/common/fault.h"
 
 namespace polytrain {
 
@@ -20,6 +21,7 @@ std::string one_line(std::string s) {
 
 int run_main(const std::function<int()>& body) {
   try {
+    check_fault_spec();
     return body();
   } catch (const InputError& e) {
     std::fprintf(stderr, "error: %s\n", one_line(e.what()).c_str());

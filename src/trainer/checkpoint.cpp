@@ -22,6 +22,7 @@
 #include "polytrain/common/config.h"
 #include "polytrain/common/crc32c.h"
 #include "polytrain/common/error.h"
+#include "polytrain/common/fault.h"
 
 namespace polytrain {
 
@@ -54,6 +55,7 @@ CheckpointWriter::CheckpointWriter(std::string dir, std::string tag, CheckpointG
 void CheckpointWriter::write_file(const std::string& name, const std::string& bytes) {
   atomic_write_file((fs::path(tmp_) / name).string(), bytes);
   files_[name] = {{"size", bytes.size()}, {"crc32c", crc32c(bytes.data(), bytes.size())}};
+  fault_point("checkpoint");
 }
 
 void CheckpointWriter::write_archive(const std::string& name, torch::serialize::OutputArchive& archive) {

@@ -23,6 +23,7 @@
 
 #include "polytrain/common/autocast.h"
 #include "polytrain/common/error.h"
+#include "polytrain/common/fault.h"
 #include "polytrain/data/sample_order.h"
 #include "polytrain/models/activation_checkpoint.h"
 #include "polytrain/models/safetensors.h"
@@ -113,6 +114,7 @@ EvalResult Trainer::evaluate(torch::nn::Module& model, const BatchSource& eval_d
     auto autocast = maybe_autocast(cfg_, ctx.device);
     sum += forward_step(batch, model).loss.item<double>();
     ++mine;
+    fault_point("eval");
   }
   model.train();
   // Mean over all batches: reduce sums and counts separately.

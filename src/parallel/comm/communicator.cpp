@@ -2,6 +2,7 @@
 
 #include "polytrain/common/dist_env.h"
 #include "polytrain/common/error.h"
+#include "polytrain/common/fault.h"
 #include "polytrain/parallel/comm/comm_config.h"
 #include "polytrain/parallel/comm/gloo_communicator.h"
 #if POLYTRAIN_WITH_MPI
@@ -32,6 +33,7 @@ std::unique_ptr<Communicator> make_communicator(const CommOptions& opts) {
   PT_INPUT_CHECK(comm_engine_available(engine), "communicator engine '", engine,
                  "' is not in this build (CMake found: gloo=", POLYTRAIN_WITH_GLOO, " mpi=", POLYTRAIN_WITH_MPI,
                  " nccl=", POLYTRAIN_WITH_NCCL, ")");
+  fault_point("rendezvous");
 #if POLYTRAIN_WITH_MPI
   if (engine == "mpi") return make_mpi_communicator(opts.timeout);
 #endif

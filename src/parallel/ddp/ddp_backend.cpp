@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include "polytrain/common/error.h"
+#include "polytrain/common/fault.h"
 #include "polytrain/parallel/comm/rank_ops.h"
 
 namespace polytrain {
@@ -47,6 +48,7 @@ void DdpBackend::backward(const at::Tensor& loss, const MicroStep& m) {
 
 void DdpBackend::launch(size_t b) {
   if (!work_[b]) work_[b] = comm_->all_reduce_async(buckets_->bucket(b).buffer, ReduceOp::kAvg);
+  fault_point("allreduce");
 }
 
 StepResult DdpBackend::step(const StepRequest& request, int64_t step) {
