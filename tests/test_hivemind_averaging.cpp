@@ -302,6 +302,8 @@ struct Donor {
     info = donor->info();
     info.peer_id = id;
   }
+  // The server's streams call into the donor: stop them (joined) before the donor goes.
+  ~Donor() { server->stop(); }
   hm::DonorInfo info;
 };
 
