@@ -29,6 +29,7 @@
 #include "polytrain/parallel/process_grid.h"
 #include "polytrain/parallel/single/single_backend.h"
 #include "polytrain/trainer/checkpoint.h"
+#include "polytrain/trainer/checkpoint_marker.h"
 #include "polytrain/trainer/trainer.h"
 #include "helpers/forked_ranks.h"
 #include "helpers/free_port.h"
@@ -393,3 +394,50 @@ TEST(SampleStreamTest, OwnStreamsAreDisjointAndResumable) {
 }
 
 }  // namespace
+
+// complete.json edited by hand or written by something else: every field a resume reads is
+// checked up front and refused as an InputError naming the file and the key (found while writing
+// fuzz/fuzz_checkpoint.cpp: a string format_version or step escaped as a JSON type_error, exit 1).
+TEST(CheckpointMarker, MalformedFieldsAreInputErrorsNamingTheKey) {
+  const json good = {{"format_version", kCheckpointFormatVersion},
+                     {"files", {{"state.pt", {{"size", 10}, {"crc32c", 4294967295u}, {"rank", 0}}}}},
+                     {"tag", "global_step1"}, {"step", 1}, {"grid", {{"world", 2}, {"tp", 1}, {"dp", 2}, {"pp", 1}}},
+                     {"loss_scaler", nullptr}, {"best_eval_loss", 0.5}};
+  EXPECT_NO_THROW(check_checkpoint_marker(good, "c/complete.json"));
+  const std::vector<std::pair<json, std::string>> bad = {
+      {json::array(), "not a JSON object"},
+      {json{{"files", json::object()}}, "'format_version'"},
+      {json{{"format_version", "2"}, {"files", json::object()}}, "'format_version'"},
+      {json{{"format_version", 1}, {"files", json::object()}}, "format_version 1"},
+      {json{{"format_version", 2}}, "'files'"},
+      {json{{"format_version", 2}, {"files", {{"state.pt", 3}}}}, "'files.state.pt'"},
+      {json{{"format_version", 2}, {"files", {{"state.pt", {{"size", -1}, {"crc32c", 0}}}}}}, "'files.state.pt.size'"},
+      {json{{"format_version", 2}, {"files", {{"state.pt", {{"size", 1}, {"crc32c", 4294967296u}}}}}},
+       "'files.state.pt.crc32c'"},
+      {json{{"format_version", 2}, {"files", {{"../x", {{"size", 1}, {"crc32c", 1}}}}}}, "not a plain file name"},
+      {json{{"format_version", 2}, {"files", json::object()}, {"step", "3"}}, "'step'"},
+      {json{{"format_version", 2}, {"files", json::object()}, {"step", 2.5}}, "'step'"},
+      {json{{"format_version", 2}, {"files", json::object()}, {"world_size", -2}}, "'world_size'"},
+      {json{{"format_version", 2}, {"files", json::object()}, {"grid", {{"tp", 1}}}}, "no 'world'"},
+      {json{{"format_version", 2}, {"files", json::object()}, {"grid", {{"world", 0}}}}, "'grid.world'"},
+      {json{{"format_version", 2}, {"files", json::object()}, {"loss_scaler", 1}}, "'loss_scaler'"},
+      {json{{"format_version", 2}, {"files", json::object()}, {"best_eval_loss", "low"}}, "'best_eval_loss'"},
+  };
+  for (const auto& [meta, expected] : bad) {
+    try {
+      check_checkpoint_marker(meta, "c/complete.json");
+      ADD_FAILURE() << "accepted " << meta.dump();
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("c/complete.json"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what() << " (expected " << expected << ")";
+    }
+  }
+  // Through the reader, as a resume meets it; and a `latest` naming '..' is refused.
+  Scratch s;
+  const fs::path dir = s.path / "ckpt";
+  fs::create_directories(dir / "t");
+  std::ofstream(dir / "t" / "complete.json") << R"({"format_version": "2", "files": {}})";
+  EXPECT_THROW(CheckpointReader(dir.string(), "t"), InputError);
+  std::ofstream(dir / "latest") << "..\n";
+  EXPECT_THROW(latest_checkpoint_tag(dir.string()), InputError);
+}

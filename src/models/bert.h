@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "polytrain/common/config.h"
+#include "polytrain/models/bert_config.h"
 #include "polytrain/models/activation_checkpoint.h"
 #include "polytrain/models/model_output.h"
 #include "polytrain/models/tp_layers.h"
@@ -112,13 +113,6 @@ struct BertLMHeadImpl : torch::nn::Module {
 };
 TORCH_MODULE(BertLMHead);
 
-/// The HF config.json of a BERT/RoBERTa ModelConfig: model_type bert or roberta, architectures
-/// [BertForMaskedLM] or [RobertaForMaskedLM], every ModelConfig field and the kept extra keys.
-nlohmann::json bert_config_to_json(const ModelConfig& cfg);
-
-/// Reads an HF BERT/RoBERTa config.json object with the polytrain config's own `model` parser
-/// (same defaults and checks); InputError messages name `origin` (the file) and the key.
-ModelConfig bert_config_from_json(const nlohmann::json& j, const std::string& origin);
 
 class BertForMaskedLM;  // TORCH_MODULE holder, defined below
 

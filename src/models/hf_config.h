@@ -1,7 +1,8 @@
 // Reading one model family's Hugging Face config (config.json, or the `model` section of a
 // polytrain config) into its typed options: HF's defaults, HF's key aliases, and an InputError
 // naming the file and key for a wrong type or value. Unknown keys are kept, not errors: HF
-// configs carry many (architectures, torch_dtype, task_specific_params, ...).
+// configs carry many (architectures, torch_dtype, task_specific_params, ...). No torch here:
+// the per-family readers (*_config.cpp) are fuzzed without it (fuzz/fuzz_hf_config.cpp).
 #pragma once
 
 #include <initializer_list>
@@ -12,6 +13,15 @@
 #include "polytrain/common/error.h"
 
 namespace polytrain {
+
+/// The activation names models/hf_layers.h's hf_activation knows, comma-separated, for messages.
+const char* hf_activation_names();
+/// Whether hf_activation knows `name`.
+bool is_hf_activation(const std::string& name);
+/// Throws hf_activation's error for an unknown name (call at build time, not mid-run).
+void check_hf_activation(const std::string& name, const char* key = "model.hidden_act");
+/// Whether config.json's `architectures` list names `arch`.
+bool names_architecture(const nlohmann::json& j, const std::string& arch);
 
 class HfConfigReader {
  public:

@@ -7,20 +7,6 @@
 
 namespace polytrain {
 
-const char* hf_activation_names() {
-  return "gelu, gelu_new, gelu_pytorch_tanh, gelu_fast, relu, silu, swish, tanh";
-}
-
-bool is_hf_activation(const std::string& a) {
-  return a == "gelu" || a == "gelu_new" || a == "gelu_pytorch_tanh" || a == "gelu_fast" || a == "relu" ||
-         a == "silu" || a == "swish" || a == "tanh";
-}
-
-void check_hf_activation(const std::string& name, const char* key) {
-  PT_INPUT_CHECK(is_hf_activation(name), key, ": unsupported activation '", name, "' (supported: ",
-                 hf_activation_names(), ")");
-}
-
 at::Tensor hf_activation(const std::string& a, const at::Tensor& x, const char* key) {
   if (a == "gelu") return torch::gelu(x);
   if (a == "gelu_new" || a == "gelu_pytorch_tanh") return torch::gelu(x, "tanh");

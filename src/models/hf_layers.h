@@ -9,17 +9,13 @@
 #include <torch/nn/module.h>
 #include <torch/nn/modules/normalization.h>
 
+#include "polytrain/models/hf_config.h"
+
 namespace polytrain {
 
-/// The activation names hf_activation knows, comma-separated, for messages.
-const char* hf_activation_names();
-/// Whether hf_activation knows `name`.
-bool is_hf_activation(const std::string& name);
 /// transformers' ACT2FN[name](x): gelu, gelu_new / gelu_pytorch_tanh (tanh approximation),
 /// gelu_fast, relu, silu / swish, tanh. InputError "<key>: unsupported activation ..." otherwise.
 at::Tensor hf_activation(const std::string& name, const at::Tensor& x, const char* key = "model.hidden_act");
-/// Throws hf_activation's error for an unknown name (call at build time, not mid-run).
-void check_hf_activation(const std::string& name, const char* key = "model.hidden_act");
 
 /// ln(x) in ln's weight dtype: fp32 under fp16/bf16 autocast, as autocast's fp32 list does on
 /// CUDA (LibTorch 1.13's CPU kernel rejects a bf16 input with fp32 weights).

@@ -12,6 +12,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <sstream>
 
@@ -23,6 +24,7 @@
 #include "polytrain/common/crc32c.h"
 #include "polytrain/common/error.h"
 #include "polytrain/common/fault.h"
+#include "polytrain/trainer/checkpoint_marker.h"
 
 namespace polytrain {
 
@@ -30,7 +32,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr int kFormatVersion = 2;
 const char* const kMarker = "complete.json";
 
 std::string receipt_name(int64_t rank) { return "rank_" + std::to_string(rank) + ".files.json"; }
@@ -74,7 +75,7 @@ void CheckpointWriter::commit(const nlohmann::json& meta, bool set_latest) {
   group_.barrier();
   if (group_.commits) {
     nlohmann::json m = meta;
-    m["format_version"] = kFormatVersion;
+    m["format_version"] = kCheckpointFormatVersion;
     m["tag"] = tag_;
     m["files"] = nlohmann::json::object();
     for (int64_t r = 0; r < group_.world_size; ++r) {
@@ -116,9 +117,7 @@ CheckpointReader::CheckpointReader(const std::string& dir, const std::string& ta
     throw InputError(cdir_ + ": no completion marker (complete.json): the save did not finish; use an earlier checkpoint");
   }
   meta_ = parse_json_strict(read_file(marker), marker);
-  PT_INPUT_CHECK(meta_.value("format_version", 0) == kFormatVersion, marker,
-                 ": unsupported checkpoint format_version ", meta_.value("format_version", 0));
-  PT_INPUT_CHECK(meta_.contains("files") && meta_["files"].is_object(), marker, ": no 'files' record");
+  check_checkpoint_marker(meta_, marker);
 }
 
 std::string CheckpointReader::path(const std::string& name) const { return (fs::path(cdir_) / name).string(); }
@@ -130,15 +129,11 @@ std::string CheckpointReader::read(const std::string& name) const {
   PT_INPUT_CHECK(has_file(name), cdir_, ": has no ", name, " (the checkpoint's complete.json does not list it)");
   PT_INPUT_CHECK(fs::exists(p), p, ": missing (listed in complete.json)");
   const std::string bytes = read_file(p);
-  const auto& rec = meta_["files"][name];
-  try {
-    PT_INPUT_CHECK(bytes.size() == rec.at("size").get<size_t>(), p, ": truncated or corrupt (", bytes.size(),
-                   " bytes, complete.json records ", rec.at("size").get<size_t>(), ")");
-    PT_INPUT_CHECK(crc32c(bytes.data(), bytes.size()) == rec.at("crc32c").get<uint32_t>(), p,
-                   ": checksum mismatch (file corrupt)");
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(path(kMarker) + ": malformed record of " + name + ": " + e.what());
-  }
+  const auto& rec = meta_["files"][name];  // its schema checked by check_checkpoint_marker
+  PT_INPUT_CHECK(bytes.size() == rec["size"].get<uint64_t>(), p, ": truncated or corrupt (", bytes.size(),
+                 " bytes, complete.json records ", rec["size"].get<uint64_t>(), ")");
+  PT_INPUT_CHECK(crc32c(bytes.data(), bytes.size()) == rec["crc32c"].get<uint64_t>(), p,
+                 ": checksum mismatch (file corrupt)");
   return bytes;
 }
 
@@ -158,13 +153,21 @@ void CheckpointReader::read_archive(const std::string& name,
   }
 }
 
+const nlohmann::json& ShardReader::saved_grid() const {
+  const auto& m = checkpoint_.meta();
+  PT_INPUT_CHECK(m.contains("grid"), checkpoint_.path("complete.json"), ": no 'grid' record (not saved by a training job)");
+  return m["grid"];  // its schema checked by check_checkpoint_marker
+}
+
 std::string latest_checkpoint_tag(const std::string& dir) {
   PT_INPUT_CHECK(fs::is_directory(dir), "checkpoint folder ", dir, " does not exist");
   const std::string path = (fs::path(dir) / "latest").string();
   PT_INPUT_CHECK(fs::exists(path), "checkpoint folder ", dir, " has no 'latest' file (nothing saved there)");
   std::string tag = read_file(path);
   while (!tag.empty() && (tag.back() == '\n' || tag.back() == ' ')) tag.pop_back();
-  PT_INPUT_CHECK(!tag.empty() && tag.find('/') == std::string::npos, path, ": malformed tag '", tag, "'");
+  const bool control = std::any_of(tag.begin(), tag.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20; });
+  PT_INPUT_CHECK(!tag.empty() && tag != "." && tag != ".." && tag.find('/') == std::string::npos && !control, path,
+                 ": malformed tag (not a folder name of ", dir, ")");
   return tag;
 }
 

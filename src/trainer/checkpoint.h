@@ -82,7 +82,7 @@ class ShardReader {
   explicit ShardReader(const CheckpointReader& checkpoint) : checkpoint_(checkpoint) {}
   static std::string file_name(int64_t rank) { return "shard_" + std::to_string(rank) + ".pt"; }
   /// {"world", "tp", "dp", "pp"} as saved.
-  const nlohmann::json& saved_grid() const { return checkpoint_.meta().at("grid"); }
+  const nlohmann::json& saved_grid() const;
   int64_t saved_world_size() const { return saved_grid().at("world").get<int64_t>(); }
   /// The env_type whose backend saved the shards ("" when not recorded).
   std::string env_type() const {

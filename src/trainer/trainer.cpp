@@ -262,7 +262,8 @@ void Trainer::resume(torch::nn::Module& model, SampleStream& stream) {
     set_cpu_rng_state(rng);
     stream.set_cursor(cursor.item<int64_t>());
   });
-  step_ = meta.at("step").get<int64_t>();
+  PT_INPUT_CHECK(meta.contains("step"), ck.path("complete.json"), ": no 'step' (not saved by a training job)");
+  step_ = meta["step"].get<int64_t>();  // the marker's schema is checked by CheckpointReader
   b.set_global_step(step_);
   skipped_steps_ = meta.value("skipped_steps", int64_t{0});
   applied_ = meta.value("applied_steps", step_ - skipped_steps_);
