@@ -18,6 +18,10 @@ if [ -z "$CXX" ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends clang-14 libclang-rt-14-dev >/dev/null
   CXX=clang++-14
 fi
+# The tokenizer targets also run the real BERT vocab and GPT-2 files: fetched when missing.
+if [ ! -f "$ROOT/.cache/assets/vocab/bert-base-uncased-vocab.txt" ] || [ ! -f "$ROOT/.cache/assets/gpt2/encoder.json" ]; then
+  bash "$ROOT/scripts/fetch_assets.sh" >&2
+fi
 mkdir -p "$OUT/include" "$OUT/bin" "$OUT/corpus" "$OUT/crashes" "$OUT/logs"
 ln -sfn "$ROOT/src" "$OUT/include/polytrain"
 
