@@ -1,17 +1,19 @@
 // A checkpoint folder as a resume finds it: <dir>/latest, <dir>/<tag>/complete.json and
 // state.pt. The fuzzer writes all three. state.pt is either the fuzzer's bytes or a real
-// archive (named tensors, as the trainer writes) with fuzzed bytes overwritten; its
-// complete.json record can be made to match, so libtorch's archive reader is reached too.
+// archive (named tensors, as the trainer writes, encoded by archive_codec) with fuzzed bytes
+// overwritten; its complete.json record can be made to match, so the archive decoder is
+// reached too (before checkpoint format 3 that was libtorch's TorchScript reader, which
+// crashed: fuzz/known_crashes, CheckpointMarker.HandEditedArchiveIsAnInputErrorNotACrash).
 #include <fuzzer/FuzzedDataProvider.h>
 #include <torch/serialize/archive.h>
 #include <torch/torch.h>
 
 #include <filesystem>
-#include <sstream>
 
 #include "fuzz_util.h"
 #include "polytrain/common/atomic_file.h"
 #include "polytrain/common/crc32c.h"
+#include "polytrain/trainer/archive_codec.h"
 #include "polytrain/trainer/checkpoint.h"
 #include "polytrain/trainer/checkpoint_marker.h"
 
@@ -24,9 +26,7 @@ const std::string& real_archive() {
     torch::serialize::OutputArchive a, model;
     save_named_tensors({{"w", torch::arange(6, torch::kFloat).view({2, 3})}, {"b", torch::ones({3}, torch::kLong)}}, model);
     a.write("model", model);
-    std::ostringstream os;
-    a.save_to(os);
-    return os.str();
+    return encode_archive(a);
   }();
   return bytes;
 }

@@ -33,7 +33,7 @@ declare -A SOURCES=(
   [fuzz_env_file]="src/launcher/env_file.cpp src/launcher/hostfile.cpp"
   [fuzz_hf_config]="$CONFIG_SRC src/models/hf_config.cpp src/models/bert_config.cpp src/models/albert_config.cpp src/models/gpt2_config.cpp src/models/t5_config.cpp"
   [fuzz_safetensors]="src/models/safetensors.cpp src/common/atomic_file.cpp"
-  [fuzz_checkpoint]="$CONFIG_SRC src/trainer/checkpoint.cpp src/trainer/checkpoint_marker.cpp src/common/atomic_file.cpp src/common/crc32c.cpp src/common/fault.cpp"
+  [fuzz_checkpoint]="$CONFIG_SRC src/trainer/checkpoint.cpp src/trainer/checkpoint_marker.cpp src/trainer/archive_codec.cpp src/models/safetensors.cpp src/common/atomic_file.cpp src/common/crc32c.cpp src/common/fault.cpp"
   [fuzz_wordpiece]="src/data/wordpiece.cpp src/data/utf8.cpp src/data/unicode_tables.cpp"
   [fuzz_gpt2_bpe]="src/data/gpt2_bpe.cpp src/data/utf8.cpp src/data/unicode_tables.cpp"
 )

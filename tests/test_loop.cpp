@@ -13,21 +13,28 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <cmath>
 #include <map>
+#include <random>
 #include <set>
+#include <sstream>
+#include <tuple>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include "polytrain/common/config.h"
+#include "polytrain/common/crc32c.h"
 #include "polytrain/common/error.h"
 #include "polytrain/data/sample_order.h"
+#include "polytrain/models/safetensors.h"
 #include "polytrain/parallel/comm/communicator.h"
 #include "polytrain/parallel/comm/gloo_communicator.h"
 #include "polytrain/parallel/ddp/ddp_backend.h"
 #include "polytrain/parallel/process_grid.h"
 #include "polytrain/parallel/single/single_backend.h"
+#include "polytrain/trainer/archive_codec.h"
 #include "polytrain/trainer/checkpoint.h"
 #include "polytrain/trainer/checkpoint_marker.h"
 #include "polytrain/trainer/trainer.h"
@@ -409,19 +416,19 @@ TEST(CheckpointMarker, MalformedFieldsAreInputErrorsNamingTheKey) {
       {json{{"files", json::object()}}, "'format_version'"},
       {json{{"format_version", "2"}, {"files", json::object()}}, "'format_version'"},
       {json{{"format_version", 1}, {"files", json::object()}}, "format_version 1"},
-      {json{{"format_version", 2}}, "'files'"},
-      {json{{"format_version", 2}, {"files", {{"state.pt", 3}}}}, "'files.state.pt'"},
-      {json{{"format_version", 2}, {"files", {{"state.pt", {{"size", -1}, {"crc32c", 0}}}}}}, "'files.state.pt.size'"},
-      {json{{"format_version", 2}, {"files", {{"state.pt", {{"size", 1}, {"crc32c", 4294967296u}}}}}},
+      {json{{"format_version", kCheckpointFormatVersion}}, "'files'"},
+      {json{{"format_version", kCheckpointFormatVersion}, {"files", {{"state.pt", 3}}}}, "'files.state.pt'"},
+      {json{{"format_version", kCheckpointFormatVersion}, {"files", {{"state.pt", {{"size", -1}, {"crc32c", 0}}}}}}, "'files.state.pt.size'"},
+      {json{{"format_version", kCheckpointFormatVersion}, {"files", {{"state.pt", {{"size", 1}, {"crc32c", 4294967296u}}}}}},
        "'files.state.pt.crc32c'"},
-      {json{{"format_version", 2}, {"files", {{"../x", {{"size", 1}, {"crc32c", 1}}}}}}, "not a plain file name"},
-      {json{{"format_version", 2}, {"files", json::object()}, {"step", "3"}}, "'step'"},
-      {json{{"format_version", 2}, {"files", json::object()}, {"step", 2.5}}, "'step'"},
-      {json{{"format_version", 2}, {"files", json::object()}, {"world_size", -2}}, "'world_size'"},
-      {json{{"format_version", 2}, {"files", json::object()}, {"grid", {{"tp", 1}}}}, "no 'world'"},
-      {json{{"format_version", 2}, {"files", json::object()}, {"grid", {{"world", 0}}}}, "'grid.world'"},
-      {json{{"format_version", 2}, {"files", json::object()}, {"loss_scaler", 1}}, "'loss_scaler'"},
-      {json{{"format_version", 2}, {"files", json::object()}, {"best_eval_loss", "low"}}, "'best_eval_loss'"},
+      {json{{"format_version", kCheckpointFormatVersion}, {"files", {{"../x", {{"size", 1}, {"crc32c", 1}}}}}}, "not a plain file name"},
+      {json{{"format_version", kCheckpointFormatVersion}, {"files", json::object()}, {"step", "3"}}, "'step'"},
+      {json{{"format_version", kCheckpointFormatVersion}, {"files", json::object()}, {"step", 2.5}}, "'step'"},
+      {json{{"format_version", kCheckpointFormatVersion}, {"files", json::object()}, {"world_size", -2}}, "'world_size'"},
+      {json{{"format_version", kCheckpointFormatVersion}, {"files", json::object()}, {"grid", {{"tp", 1}}}}, "no 'world'"},
+      {json{{"format_version", kCheckpointFormatVersion}, {"files", json::object()}, {"grid", {{"world", 0}}}}, "'grid.world'"},
+      {json{{"format_version", kCheckpointFormatVersion}, {"files", json::object()}, {"loss_scaler", 1}}, "'loss_scaler'"},
+      {json{{"format_version", kCheckpointFormatVersion}, {"files", json::object()}, {"best_eval_loss", "low"}}, "'best_eval_loss'"},
   };
   for (const auto& [meta, expected] : bad) {
     try {
@@ -440,4 +447,142 @@ TEST(CheckpointMarker, MalformedFieldsAreInputErrorsNamingTheKey) {
   EXPECT_THROW(CheckpointReader(dir.string(), "t"), InputError);
   std::ofstream(dir / "latest") << "..\n";
   EXPECT_THROW(latest_checkpoint_tag(dir.string()), InputError);
+}
+
+// Checkpoint files hold archives encoded by archive_codec (safetensors + the key tree): every
+// kind of value a writer uses comes back as written, through a rebuilt libtorch archive.
+TEST(ArchiveCodec, RoundTripsEveryKindOfValue) {
+  torch::serialize::OutputArchive a, sub, subsub;
+  const auto w = torch::randn({3, 4});
+  a.write("w", w);                                                   // a parameter-style tensor
+  a.write("ids", c10::IValue(torch::arange(5, torch::kLong)));       // an attribute tensor
+  a.write("rng", torch::tensor({1, 2, 255}, torch::kByte));
+  a.write("step", c10::IValue(int64_t{-7}));
+  a.write("lr", c10::IValue(std::nan("")));
+  a.write("flag", c10::IValue(true));
+  a.write("pieces", c10::IValue(std::string("{\"a\": 1}")));
+  a.write("names", c10::IValue(c10::List<std::string>({"x.weight", "y.bias"})));
+  subsub.write("half", torch::ones({2}, torch::kHalf));
+  sub.write("deep", subsub);
+  sub.write("empty", torch::empty({0, 3}));
+  a.write("s0", sub);
+  const std::string bytes = encode_archive(a);
+  ASSERT_EQ(bytes.compare(8, 1, "{"), 0) << "not safetensors";
+
+  torch::serialize::InputArchive in;
+  decode_archive(bytes, "mem", in);
+  auto tensor = [](torch::serialize::InputArchive& a, const std::string& key) {
+    at::Tensor t;  // a fresh one each time: read() into a defined tensor resizes it in place
+    a.read(key, t);
+    return t;
+  };
+  auto value = [](torch::serialize::InputArchive& a, const std::string& key) {
+    c10::IValue v;
+    a.read(key, v);
+    return v;
+  };
+  EXPECT_TRUE(torch::equal(tensor(in, "w"), w));
+  EXPECT_TRUE(torch::equal(value(in, "ids").toTensor(), torch::arange(5, torch::kLong)));
+  const at::Tensor rng = tensor(in, "rng");
+  EXPECT_EQ(rng.scalar_type(), torch::kByte);
+  EXPECT_EQ(rng[2].item<int>(), 255);
+  EXPECT_EQ(value(in, "step").toInt(), -7);
+  EXPECT_TRUE(std::isnan(value(in, "lr").toDouble()));
+  EXPECT_TRUE(value(in, "flag").toBool());
+  EXPECT_EQ(value(in, "pieces").toStringRef(), "{\"a\": 1}");
+  const auto names = value(in, "names");
+  ASSERT_EQ(names.toListRef().size(), 2u);
+  EXPECT_EQ(names.toListRef()[1].toStringRef(), "y.bias");
+  torch::serialize::InputArchive s0, deep;
+  in.read("s0", s0);
+  s0.read("deep", deep);
+  EXPECT_EQ(tensor(deep, "half").scalar_type(), torch::kHalf);
+  EXPECT_EQ(tensor(s0, "empty").sizes(), (std::vector<int64_t>{0, 3}));
+  // Named tensors as the trainer saves them come back through the codec.
+  torch::serialize::OutputArchive again;
+  save_named_tensors({{"w", w}}, again);
+  torch::serialize::InputArchive named;
+  decode_archive(encode_archive(again), "mem", named);
+  EXPECT_TRUE(torch::equal(load_named_tensors_archive(named).at(0).second, w));
+}
+
+// What a hand edit or a hostile peer can put in place of an archive: each is an InputError
+// naming its origin; libtorch's archive reader never sees the bytes.
+TEST(ArchiveCodec, MalformedTreesAreInputErrors) {
+  auto encode = [](const json& tree, const NamedTensors& tensors) {
+    return safetensors_bytes(tensors, {{kArchiveTreeKey, tree.dump()}});
+  };
+  const NamedTensors one = {{"0", torch::ones({2})}};
+  const std::vector<std::tuple<std::string, std::string, std::string>> bad = {
+      {"not safetensors", "PK\x03\x04 a zip archive", "invalid safetensors"},
+      {"no tree", safetensors_bytes(one), "not a polytrain archive"},
+      {"tree not JSON", safetensors_bytes(one, {{kArchiveTreeKey, "{"}}), "not a JSON object"},
+      {"version", encode({{"version", 9}, {"root", json::array()}}, {}), "version 9"},
+      {"no root", encode({{"version", 1}}, {}), "no 'root'"},
+      {"entry shape", encode({{"version", 1}, {"root", json::array({json::array({"a", "int"})})}}, {}),
+       "not [key, kind, value]"},
+      {"key", encode({{"version", 1}, {"root", {{"a.b", "int", 1}}}}, {}), "not an identifier"},
+      {"training", encode({{"version", 1}, {"root", {{"training", "bool", true}}}}, {}), "not an identifier"},
+      {"twice", encode({{"version", 1}, {"root", {{"a", "int", 1}, {"a", "int", 2}}}}, {}), "appears twice"},
+      {"kind", encode({{"version", 1}, {"root", {{"a", "code", "import os"}}}}, {}), "unknown kind 'code'"},
+      {"missing tensor", encode({{"version", 1}, {"root", {{"a", "tensor", "7"}}}}, one), "not in the data"},
+      {"tensor twice", encode({{"version", 1}, {"root", {{"a", "tensor", "0"}, {"b", "tensor", "0"}}}}, one),
+       "named by two"},
+      {"unnamed tensor", encode({{"version", 1}, {"root", json::array()}}, one), "no archive entry names"},
+      {"device", encode({{"version", 1}, {"root", {{"a", "tensor", "0", "meta"}}}}, one), "not cuda[:N]"},
+      {"int", encode({{"version", 1}, {"root", {{"a", "int", 1.5}}}}, {}), "not a 64-bit integer"},
+      {"int range", encode({{"version", 1}, {"root", {{"a", "int", uint64_t{1} << 63}}}}, {}), "not a 64-bit integer"},
+      {"double", encode({{"version", 1}, {"root", {{"a", "double", "0"}}}}, one), "not a 0-d F64"},
+      {"strings", encode({{"version", 1}, {"root", {{"a", "strings", {"x", 2}}}}}, {}), "not a list of strings"},
+      {"nested", encode({{"version", 1}, {"root", {{"a", "archive", 3}}}}, {}), "is not a list of entries"},
+  };
+  for (const auto& [what, bytes, expected] : bad) {
+    torch::serialize::InputArchive in;
+    try {
+      decode_archive(bytes, "peer 1.2.3.4", in);
+      ADD_FAILURE() << what << ": accepted";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("peer 1.2.3.4"), std::string::npos) << what << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << what << ": " << e.what();
+    }
+  }
+  // Nesting deeper than 16 is refused before any recursion runs out of stack.
+  json deep = json::array();
+  for (int i = 0; i < 40; ++i) deep = json::array({json::array({"a", "archive", deep})});
+  torch::serialize::InputArchive in;
+  EXPECT_THROW(decode_archive(encode({{"version", 1}, {"root", deep}}, {}), "x", in), InputError);
+}
+
+// fuzz/known_crashes/fuzz_checkpoint-libtorch-jit-load-segv: a state.pt edited by hand with a
+// matching CRC-32C used to reach libtorch 1.13's TorchScript reader, which crashed (SEGV in
+// ScriptTypeParser). Format 3 never hands a file's bytes to it: a TorchScript archive, intact
+// or edited at any byte, is an InputError naming the file.
+TEST(CheckpointMarker, HandEditedArchiveIsAnInputErrorNotACrash) {
+  torch::serialize::OutputArchive a, m;
+  save_named_tensors({{"w", torch::arange(6, torch::kFloat).view({2, 3})}, {"b", torch::ones({3}, torch::kLong)}}, m);
+  a.write("model", m);
+  std::ostringstream os;
+  a.save_to(os);
+  const std::string torchscript = os.str();
+  Scratch s;
+  const fs::path dir = s.path / "ckpt";
+  std::mt19937 rng(14);
+  for (int trial = 0; trial < 64; ++trial) {
+    std::string state = torchscript;
+    for (int e = trial == 0 ? 0 : 1 + static_cast<int>(rng() % 8); e > 0; --e)
+      state[rng() % state.size()] = static_cast<char>(rng());
+    fs::remove_all(dir);
+    fs::create_directories(dir / "t");
+    std::ofstream(dir / "t" / "state.pt", std::ios::binary) << state;
+    const json marker = {{"format_version", kCheckpointFormatVersion},
+                         {"files", {{"state.pt", {{"size", state.size()}, {"crc32c", crc32c(state.data(), state.size())}}}}}};
+    std::ofstream(dir / "t" / "complete.json") << marker.dump();
+    const CheckpointReader ck(dir.string(), "t");
+    try {
+      ck.read_archive("state.pt", [](torch::serialize::InputArchive&) { FAIL() << "decoded a TorchScript archive"; });
+      ADD_FAILURE() << "trial " << trial << ": accepted";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("state.pt"), std::string::npos) << e.what();
+    }
+  }
 }

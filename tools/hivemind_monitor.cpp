@@ -35,6 +35,7 @@
 #include "polytrain/parallel/hivemind/progress.h"
 #include "polytrain/parallel/hivemind/record.h"
 #include "polytrain/parallel/hivemind/state.h"
+#include "polytrain/trainer/archive_codec.h"
 #include "polytrain/trainer/checkpoint.h"
 #include "polytrain/trainer/tensorboard.h"
 
@@ -187,6 +188,17 @@ class Monitor {
     if (!s) {
       std::fprintf(stderr, "hivemind_monitor: step %lld: the donors' state is not a polytrain peer state; not saved\n",
                    static_cast<long long>(step));
+      next_save_ = step + o_.save_every;
+      return;
+    }
+    try {
+      // What a resume will read, checked now: a donor's bytes are not written as a checkpoint
+      // unless they decode (archive_codec.h validates them without libtorch's archive reader).
+      torch::serialize::InputArchive model, optimizer;
+      decode_archive(s->model, "the donors' model state", model);
+      decode_archive(s->optimizer, "the donors' optimizer state", optimizer);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "hivemind_monitor: step %lld: %s; not saved\n", static_cast<long long>(step), e.what());
       next_save_ = step + o_.save_every;
       return;
     }

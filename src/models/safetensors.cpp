@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -67,18 +68,28 @@ struct Entry {
 
 }  // namespace
 
-void save_safetensors(const std::string& path, const NamedTensors& tensors,
-                      const std::map<std::string, std::string>& metadata) {
+namespace {
+
+// The header text and the entries in file order; `what` names the destination in errors.
+struct Prepared {
+  std::string text;
   std::vector<Entry> entries;
+  uint64_t data_size = 0;
+};
+
+Prepared prepare(const std::string& what, const NamedTensors& tensors,
+                 const std::map<std::string, std::string>& metadata) {
+  Prepared p;
+  std::vector<Entry>& entries = p.entries;
   std::set<std::string> seen;
   for (const auto& [name, tensor] : tensors) {
-    PT_INPUT_CHECK(name != kMetadataKey, "cannot save ", path, ": tensor name ", kMetadataKey,
+    PT_INPUT_CHECK(name != kMetadataKey, "cannot save ", what, ": tensor name ", kMetadataKey,
                    " is reserved");
-    PT_INPUT_CHECK(seen.insert(name).second, "cannot save ", path, ": tensor name ", name,
+    PT_INPUT_CHECK(seen.insert(name).second, "cannot save ", what, ": tensor name ", name,
                    " appears twice");
-    PT_INPUT_CHECK(tensor.defined(), "cannot save ", path, ": tensor ", name, " is undefined");
+    PT_INPUT_CHECK(tensor.defined(), "cannot save ", what, ": tensor ", name, " is undefined");
     const DtypeInfo* dtype = find_dtype(tensor.scalar_type());
-    PT_INPUT_CHECK(dtype != nullptr, "cannot save ", path, ": tensor ", name, " has dtype ",
+    PT_INPUT_CHECK(dtype != nullptr, "cannot save ", what, ": tensor ", name, " has dtype ",
                    tensor.scalar_type(), ", which safetensors cannot hold");
     at::Tensor cpu = tensor.to(at::kCPU).contiguous();
     entries.push_back({name, dtype, cpu.sizes().vec(), 0, 0, cpu});
@@ -99,24 +110,45 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
     header[e.name] = {{"dtype", e.dtype->name}, {"shape", e.shape},
                       {"data_offsets", {e.begin, e.end}}};
   }
-  std::string text;
+  p.data_size = offset;
   try {
-    text = header.dump();
+    p.text = header.dump();
   } catch (const nlohmann::json::exception& ex) {
-    throw InputError(detail::cat("cannot save ", path, ": ", ex.what()));
+    throw InputError(detail::cat("cannot save ", what, ": ", ex.what()));
   }
-  text.append((8 - text.size() % 8) % 8, ' ');
+  p.text.append((8 - p.text.size() % 8) % 8, ' ');
+  return p;
+}
 
+// Writes the file's bytes in order through `write(const char*, size_t)`.
+template <typename Write>
+void emit(const Prepared& p, Write&& write) {
+  char size_le[8];
+  const uint64_t n = p.text.size();
+  std::memcpy(size_le, &n, 8);
+  write(size_le, 8);
+  write(p.text.data(), p.text.size());
+  for (const auto& e : p.entries)
+    write(static_cast<const char*>(e.tensor.data_ptr()), static_cast<size_t>(e.end - e.begin));
+}
+
+}  // namespace
+
+void save_safetensors(const std::string& path, const NamedTensors& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  const Prepared p = prepare(path, tensors, metadata);
   atomic_write_file(path, [&](std::ostream& os) {
-    char size_le[8];
-    const uint64_t n = text.size();
-    std::memcpy(size_le, &n, 8);
-    os.write(size_le, 8);
-    os.write(text.data(), static_cast<std::streamsize>(text.size()));
-    for (const auto& e : entries)
-      os.write(static_cast<const char*>(e.tensor.data_ptr()),
-               static_cast<std::streamsize>(e.end - e.begin));
+    emit(p, [&](const char* data, size_t n) { os.write(data, static_cast<std::streamsize>(n)); });
   });
+}
+
+std::string safetensors_bytes(const NamedTensors& tensors, const std::map<std::string, std::string>& metadata,
+                              const std::string& what) {
+  const Prepared p = prepare(what, tensors, metadata);
+  std::string out;
+  out.reserve(8 + p.text.size() + p.data_size);
+  emit(p, [&](const char* data, size_t n) { out.append(data, n); });
+  return out;
 }
 
 namespace {
@@ -187,25 +219,22 @@ Entry parse_entry(const std::string& name, const nlohmann::json& info, const std
 
 }  // namespace
 
-NamedTensors load_safetensors(const std::string& path,
-                              std::map<std::string, std::string>* metadata) {
-  const std::string bad = "invalid safetensors file " + path + ": ";
-  Fd file{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
-  PT_INPUT_CHECK(file.fd >= 0, "cannot read ", path, ": ", std::strerror(errno));
-  struct stat st;
-  PT_INPUT_CHECK(::fstat(file.fd, &st) == 0 && S_ISREG(st.st_mode), "cannot read ", path,
-                 ": not a regular file");
-  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
-  PT_INPUT_CHECK(file_size >= 8, bad, "file is ", file_size, " bytes, too short for the ",
-                 "8-byte header size");
+namespace {
+
+// The validating reader over a source of `size` bytes: `read(dst, n, offset)` copies bytes
+// [offset, offset + n) of it. `bad` prefixes every error.
+NamedTensors parse_impl(const std::string& bad, uint64_t size,
+                        const std::function<void(void*, uint64_t, uint64_t)>& read,
+                        std::map<std::string, std::string>* metadata) {
+  PT_INPUT_CHECK(size >= 8, bad, "it is ", size, " bytes, too short for the ", "8-byte header size");
   uint64_t n = 0;
-  pread_all(file.fd, path, &n, 8, 0);
+  read(&n, 8, 0);
   PT_INPUT_CHECK(n <= kMaxHeaderSize, bad, "header size ", n, " exceeds the limit of ",
                  kMaxHeaderSize);
-  PT_INPUT_CHECK(n <= file_size - 8, bad, "header size ", n, " runs past the end of the ",
-                 file_size, "-byte file");
+  PT_INPUT_CHECK(n <= size - 8, bad, "header size ", n, " runs past the end of the ",
+                 size, " bytes");
   std::string text(n, '\0');
-  pread_all(file.fd, path, text.data(), n, 8);
+  read(text.data(), n, 8);
   PT_INPUT_CHECK(!text.empty() && text[0] == '{', bad, "header does not start with '{'");
 
   nlohmann::json header;
@@ -234,7 +263,7 @@ NamedTensors load_safetensors(const std::string& path,
   std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
     return std::tie(a.begin, a.end) < std::tie(b.begin, b.end);
   });
-  const uint64_t data_size = file_size - 8 - n;
+  const uint64_t data_size = size - 8 - n;
   uint64_t expected = 0;
   for (const auto& e : entries) {
     PT_INPUT_CHECK(e.begin == expected, bad, "tensor ", e.name, " has data_offsets [", e.begin,
@@ -249,7 +278,7 @@ NamedTensors load_safetensors(const std::string& path,
   out.reserve(entries.size());
   for (const auto& e : entries) {
     at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(*e.dtype->scalar_type));
-    if (e.end > e.begin) pread_all(file.fd, path, t.data_ptr(), e.end - e.begin, 8 + n + e.begin);
+    if (e.end > e.begin) read(t.data_ptr(), e.end - e.begin, 8 + n + e.begin);
     if (e.dtype->scalar_type == at::kBool) {
       // A byte other than 0/1 is not a valid bool for libtorch.
       const auto* b = static_cast<const uint8_t*>(t.data_ptr());
@@ -261,6 +290,31 @@ NamedTensors load_safetensors(const std::string& path,
   std::sort(out.begin(), out.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
   return out;
+}
+
+}  // namespace
+
+NamedTensors load_safetensors(const std::string& path,
+                              std::map<std::string, std::string>* metadata) {
+  Fd file{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  PT_INPUT_CHECK(file.fd >= 0, "cannot read ", path, ": ", std::strerror(errno));
+  struct stat st;
+  PT_INPUT_CHECK(::fstat(file.fd, &st) == 0 && S_ISREG(st.st_mode), "cannot read ", path,
+                 ": not a regular file");
+  return parse_impl("invalid safetensors file " + path + ": ", static_cast<uint64_t>(st.st_size),
+                    [&](void* dst, uint64_t n, uint64_t offset) { pread_all(file.fd, path, dst, n, offset); },
+                    metadata);
+}
+
+NamedTensors parse_safetensors(std::string_view bytes, const std::string& what,
+                               std::map<std::string, std::string>* metadata) {
+  return parse_impl(what + ": invalid safetensors data: ", bytes.size(),
+                    [&](void* dst, uint64_t n, uint64_t offset) {
+                      // parse_impl reads only inside the size it was given; checked anyway.
+                      PT_CHECK(offset <= bytes.size() && n <= bytes.size() - offset, "safetensors read out of range");
+                      std::memcpy(dst, bytes.data() + offset, n);
+                    },
+                    metadata);
 }
 
 }  // namespace polytrain

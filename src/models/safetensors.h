@@ -7,6 +7,7 @@
 
 #include <map>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -33,5 +34,14 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
 /// F8_*) are rejected the same way.
 NamedTensors load_safetensors(const std::string& path,
                               std::map<std::string, std::string>* metadata = nullptr);
+
+/// The bytes save_safetensors writes, in memory (`what` names them in errors).
+std::string safetensors_bytes(const NamedTensors& tensors,
+                              const std::map<std::string, std::string>& metadata = {},
+                              const std::string& what = "safetensors data");
+
+/// load_safetensors over bytes in memory, with the same checks; errors name `what`.
+NamedTensors parse_safetensors(std::string_view bytes, const std::string& what,
+                               std::map<std::string, std::string>* metadata = nullptr);
 
 }  // namespace polytrain

@@ -14,7 +14,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <sstream>
 
 #include <torch/nn/module.h>
 #include <torch/serialize/archive.h>
@@ -24,6 +23,7 @@
 #include "polytrain/common/crc32c.h"
 #include "polytrain/common/error.h"
 #include "polytrain/common/fault.h"
+#include "polytrain/trainer/archive_codec.h"
 #include "polytrain/trainer/checkpoint_marker.h"
 
 namespace polytrain {
@@ -60,9 +60,7 @@ void CheckpointWriter::write_file(const std::string& name, const std::string& by
 }
 
 void CheckpointWriter::write_archive(const std::string& name, torch::serialize::OutputArchive& archive) {
-  std::ostringstream os;
-  archive.save_to(os);
-  write_file(name, os.str());
+  write_file(name, encode_archive(archive));
 }
 
 void CheckpointWriter::add_file(const std::string& name) {
@@ -142,8 +140,7 @@ void CheckpointReader::read_archive(const std::string& name,
   const std::string bytes = read(name);
   torch::serialize::InputArchive archive;
   try {
-    std::istringstream is(bytes);
-    archive.load_from(is);
+    decode_archive(bytes, path(name), archive);
     use(archive);
   } catch (const InputError&) {
     throw;

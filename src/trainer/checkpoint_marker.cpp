@@ -26,7 +26,8 @@ void check_checkpoint_marker(const nlohmann::json& meta, const std::string& mark
   PT_INPUT_CHECK(version != meta.end() && version->is_number_integer(), marker,
                  ": 'format_version' is missing or not an integer");
   PT_INPUT_CHECK(*version == kCheckpointFormatVersion, marker, ": unsupported checkpoint format_version ",
-                 version->dump(), " (this build reads ", kCheckpointFormatVersion, ")");
+                 version->dump(), " (this build reads ", kCheckpointFormatVersion,
+                 *version == 2 ? "; format 2 held TorchScript archives, which this build does not load" : "", ")");
   const auto files = meta.find("files");
   PT_INPUT_CHECK(files != meta.end() && files->is_object(), marker, ": no 'files' record");
   for (const auto& [name, rec] : files->items()) {

@@ -10,8 +10,9 @@
 
 namespace polytrain {
 
-/// The marker's format_version this build writes and reads.
-inline constexpr int kCheckpointFormatVersion = 2;
+/// The marker's format_version this build writes and reads. 3: every .pt file is a
+/// safetensors-encoded archive (trainer/archive_codec.h); 2 had TorchScript archives.
+inline constexpr int kCheckpointFormatVersion = 3;
 
 /// Checks `meta` (complete.json's parsed content; `marker` names the file in messages):
 /// an object with format_version == kCheckpointFormatVersion; `files` an object of

@@ -65,7 +65,9 @@ struct StateSnapshot {
 /// What a donor serves, in one byte string: the swarm's epoch, the model (a checkpoint's
 /// state.pt: every parameter and buffer by name), the optimizer state (a checkpoint's
 /// shard_0.pt) and the peer's configuration (JSON). Byte-compatible with a checkpoint's files,
-/// so a monitor with no model writes a loadable checkpoint from it.
+/// so a monitor with no model writes a loadable checkpoint from it. Model and optimizer are
+/// safetensors-encoded archives (trainer/archive_codec.h): a newcomer validates and rebuilds
+/// them; libtorch's TorchScript reader never sees a donor's bytes.
 struct PeerState {
   int64_t epoch = 0;
   std::string model, optimizer, config;

@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
-#include <sstream>
 #include <thread>
 
 #include <torch/nn/module.h>
@@ -19,6 +18,7 @@
 #include "polytrain/parallel/hivemind/progress.h"
 #include "polytrain/parallel/hivemind/record.h"
 #include "polytrain/parallel/hivemind/state.h"
+#include "polytrain/trainer/archive_codec.h"
 #include "polytrain/trainer/checkpoint.h"
 #include "polytrain/trainer/optimizers.h"
 
@@ -136,12 +136,8 @@ void HivemindBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Co
 }
 
 std::string HivemindBackend::snapshot() const {
-  // A checkpoint's state.pt and shard_0.pt, byte for byte (a monitor saves them as they come).
-  auto to_bytes = [](torch::serialize::OutputArchive& a) {
-    std::ostringstream os;
-    a.save_to(os);
-    return std::move(os).str();
-  };
+  // A checkpoint's state.pt and shard_0.pt, byte for byte (a monitor saves them as they come),
+  // encoded as safetensors (archive_codec.h): a newcomer never hands a peer's bytes to libtorch.
   hm::PeerState s;
   s.epoch = epoch_;
   {
@@ -150,12 +146,12 @@ std::string HivemindBackend::snapshot() const {
     torch::serialize::OutputArchive a, m;
     save_named_tensors(state, m);
     a.write("model", m);
-    s.model = to_bytes(a);
+    s.model = encode_archive(a);
   }
   {
     torch::serialize::OutputArchive o;
     optimizer_->save(o);
-    s.optimizer = to_bytes(o);
+    s.optimizer = encode_archive(o);
   }
   s.config = config_json_;
   return hm::pack_peer_state(s);
@@ -166,9 +162,8 @@ void HivemindBackend::restore(const std::string& bytes, const std::string& origi
   PT_INPUT_CHECK(s, origin, ": not a polytrain peer state (another program in the same run_id?)");
   NamedTensors loaded;
   {
-    std::istringstream is(s->model);
     torch::serialize::InputArchive a, m;
-    a.load_from(is);
+    decode_archive(s->model, origin + " (model)", a);
     a.read("model", m);
     loaded = load_named_tensors_archive(m);
   }
@@ -185,9 +180,8 @@ void HivemindBackend::restore(const std::string& bytes, const std::string& origi
                    ", this model's ", t.sizes(), " (another model in the same run_id?)");
   }
   {
-    std::istringstream is(s->optimizer);
     torch::serialize::InputArchive opt;
-    opt.load_from(is);
+    decode_archive(s->optimizer, origin + " (optimizer)", opt);
     optimizer_->load(opt, origin);
   }
   load_module_state(*model_, loaded, origin);
