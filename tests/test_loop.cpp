@@ -537,6 +537,7 @@ TEST(ArchiveCodec, MalformedTreesAreInputErrors) {
       {"nested", encode({{"version", 1}, {"root", {{"a", "archive", 3}}}}, {}), "is not a list of entries"},
   };
   for (const auto& [what, bytes, expected] : bad) {
+    EXPECT_THROW(check_archive(bytes, "peer 1.2.3.4"), InputError) << what;
     torch::serialize::InputArchive in;
     try {
       decode_archive(bytes, "peer 1.2.3.4", in);

@@ -193,10 +193,9 @@ class Monitor {
     }
     try {
       // What a resume will read, checked now: a donor's bytes are not written as a checkpoint
-      // unless they decode (archive_codec.h validates them without libtorch's archive reader).
-      torch::serialize::InputArchive model, optimizer;
-      decode_archive(s->model, "the donors' model state", model);
-      decode_archive(s->optimizer, "the donors' optimizer state", optimizer);
+      // unless they pass every check a resume's decode makes (archive_codec.h).
+      check_archive(s->model, "the donors' model state");
+      check_archive(s->optimizer, "the donors' optimizer state");
     } catch (const std::exception& e) {
       std::fprintf(stderr, "hivemind_monitor: step %lld: %s; not saved\n", static_cast<long long>(step), e.what());
       next_save_ = step + o_.save_every;

@@ -189,7 +189,10 @@ std::string encode_archive(torch::serialize::OutputArchive& archive) {
   return safetensors_bytes(tensors, {{kArchiveTreeKey, text}}, "archive");
 }
 
-void decode_archive(std::string_view bytes, const std::string& origin, torch::serialize::InputArchive& out) {
+namespace {
+
+// decode_archive up to the libtorch archive: every check, and `rebuilt` filled.
+void rebuild(std::string_view bytes, const std::string& origin, torch::serialize::OutputArchive& rebuilt) {
   std::map<std::string, std::string> meta;
   NamedTensors tensors = parse_safetensors(bytes, origin, &meta);
   const auto it = meta.find(kArchiveTreeKey);
@@ -206,13 +209,23 @@ void decode_archive(std::string_view bytes, const std::string& origin, torch::se
   Rebuild r{origin, {}, {}};
   for (auto& [name, t] : tensors) r.tensors.emplace(name, std::move(t));
   tensors.clear();
-  torch::serialize::OutputArchive rebuilt;
   r.build(tree["root"], rebuilt, "", 0);
   PT_INPUT_CHECK(r.used.size() == r.tensors.size(), origin, ": holds ", r.tensors.size() - r.used.size(),
                  " tensor(s) no archive entry names");
-  r.tensors.clear();
+}
+
+}  // namespace
+
+void decode_archive(std::string_view bytes, const std::string& origin, torch::serialize::InputArchive& out) {
+  torch::serialize::OutputArchive rebuilt;
+  rebuild(bytes, origin, rebuilt);
   const std::string own = archive_bytes(rebuilt);
   out.load_from(own.data(), own.size());
+}
+
+void check_archive(std::string_view bytes, const std::string& origin) {
+  torch::serialize::OutputArchive rebuilt;
+  rebuild(bytes, origin, rebuilt);
 }
 
 }  // namespace polytrain

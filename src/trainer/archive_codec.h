@@ -35,4 +35,8 @@ std::string encode_archive(torch::serialize::OutputArchive& archive);
 /// an identifier, a tensor named twice or not at all, nesting deeper than 16).
 void decode_archive(std::string_view bytes, const std::string& origin, torch::serialize::InputArchive& out);
 
+/// decode_archive's checks without building the InputArchive (no libtorch serialisation):
+/// for bytes that are kept, not read (the monitor's copy of a donor's state).
+void check_archive(std::string_view bytes, const std::string& origin);
+
 }  // namespace polytrain
