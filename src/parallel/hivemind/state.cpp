@@ -238,6 +238,11 @@ void StateDonor::corrupt_after(uint64_t bytes) {
   corrupt_after_ = bytes;
 }
 
+void StateDonor::die_after(uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  die_after_ = bytes;
+}
+
 void StateDonor::serve(Connection& c, const Frame& first) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -301,6 +306,7 @@ void StateDonor::serve(Connection& c, const Frame& first) {
       uint64_t served;
       {
         std::lock_guard<std::mutex> lock(mu_);
+        if (die_after_ > 0 && served_ >= die_after_) return;  // (test hook) dead: the stream drops
         served = served_ += n;
       }
       if (corrupt_after > 0 && served > corrupt_after) {

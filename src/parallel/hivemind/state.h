@@ -103,6 +103,9 @@ class StateDonor {
   size_t serving() const;
   /// Test hook: chunks served after this many bytes are corrupted (0 = never).
   void corrupt_after(uint64_t bytes);
+  /// Test hook: once this many bytes are served the donor drops every stream, as a crashed
+  /// peer would, and serves nothing more (0 = never).
+  void die_after(uint64_t bytes);
 
  private:
   void serve(Connection& c, const Frame& f);
@@ -115,7 +118,7 @@ class StateDonor {
   std::mutex provide_mu_;  ///< one snapshot made at a time
   Provider provider_;
   std::shared_ptr<const StateSnapshot> current_, previous_;
-  uint64_t served_ = 0, corrupt_after_ = 0, made_ = 0;
+  uint64_t served_ = 0, corrupt_after_ = 0, die_after_ = 0, made_ = 0;
   size_t serving_ = 0;
   int64_t announced_epoch_ = -1;
   Clock::time_point announced_at_{};
