@@ -1,11 +1,16 @@
 // C++ side of bench/bert_step.sh: per-step time (forward + backward + clip + AdamW) of
 // polytrain's BertForMaskedLM on a fixed random batch, the same model, batch and threads as
-// bert_step_torch.py. Usage: bench_bert_step tiny|base STEPS THREADS [MODE]
-// MODE: default (the trainer's default: fused LM loss, no [tokens, vocab] logits),
-//       dense (logits materialised + cross_entropy: the same kernels as the Python side),
-//       masked_only (fused loss and the head transform only at masked positions),
+// bert_step_torch.py. Usage: bench_bert_step tiny|base STEPS THREADS [MODE]   (THREADS 0:
+// polytrain's default, all the CPUs this process may use); bench_bert_step gemm 0 THREADS:
+// this machine's fp32 GEMM rate.
+// MODE: default (the model's defaults, what train_bert runs: the MLM head only at masked
+//       positions and the fused LM loss, no [tokens, vocab] logits),
+//       fused (fused LM loss, head at every position),
+//       dense (head everywhere, logits materialised + cross_entropy: the Python side's kernels),
 //       checkpoint (default + activation checkpointing of every encoder layer).
-// Also prints the process's peak resident memory (getrusage), for bench/activation_memory.sh.
+// All give the same loss and gradients to float rounding. Also prints the threads, the matmul
+// FLOPs the mode runs per step (forward + backward = 3x forward) and the process's peak
+// resident memory (getrusage), for bench/activation_memory.sh.
 #include <sys/resource.h>
 
 #include <chrono>
@@ -14,7 +19,9 @@
 
 #include <torch/torch.h>
 
+#include "gemm_peak.h"
 #include "polytrain/common/config.h"
+#include "polytrain/common/cpu_budget.h"
 #include "polytrain/models/bert.h"
 #include "polytrain/parallel/update.h"
 #include "polytrain/trainer/optimizers.h"
@@ -23,12 +30,17 @@ using namespace polytrain;
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: bench_bert_step tiny|base STEPS THREADS [default|dense|masked_only|checkpoint]\n");
+    std::fprintf(stderr, "usage: bench_bert_step tiny|base|gemm STEPS THREADS [default|fused|dense|checkpoint]\n");
     return 2;
   }
   const std::string size = argv[1];
   const int steps = std::stoi(argv[2]);
-  at::set_num_threads(std::stoi(argv[3]));
+  at::set_num_threads(std::stoi(argv[3]) > 0 ? std::stoi(argv[3]) : default_thread_count(0));
+  std::printf("threads %d\n", at::get_num_threads());
+  if (size == "gemm") {
+    std::printf("gemm_gflops %.1f\n", bench::gemm_gflops());
+    return 0;
+  }
   const std::string mode = argc > 4 ? argv[4] : "default";
   torch::manual_seed(0);
   ModelConfig mc;
@@ -39,8 +51,8 @@ int main(int argc, char** argv) {
     batch = 8;
   }
   BertForMaskedLM model(mc);
-  model->score_masked_only_ = mode == "masked_only";
-  model->fused_lm_loss_ = mode != "dense";
+  if (mode == "fused" || mode == "dense") model->score_masked_only_ = false;
+  if (mode == "dense") model->fused_lm_loss_ = false;
   model->set_activation_checkpointing(mode == "checkpoint");
   OptimizerConfig oc;
   oc.type = "AdamW";
@@ -65,6 +77,12 @@ int main(int argc, char** argv) {
   for (int i = 0; i < steps; ++i) step();
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / steps;
   std::printf("ms_per_step %s %.2f\n", size.c_str(), ms);
+  // Matmul FLOPs of a dense step: per token and layer 8h^2 (Q, K, V, O) + 4hI (FFN) + 4sh
+  // (scores, context); the head 2h^2 + 2hV per scored token; backward twice the forward.
+  const double h = mc.hidden_size, I = mc.intermediate_size, V = mc.vocab_size, s = 128, tokens = batch * s;
+  const double scored = model->score_masked_only_ ? labels.ne(-100).sum().item<double>() : tokens;
+  const double fwd = tokens * mc.num_hidden_layers * (8 * h * h + 4 * h * I + 4 * s * h) + scored * (2 * h * h + 2 * h * V);
+  std::printf("gflop_per_step %.2f\n", 3 * fwd / 1e9);
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
   std::printf("peak_rss_mb %.1f\n", ru.ru_maxrss / 1024.0);

@@ -4,7 +4,9 @@
 // Usage: bench_gpt2_step small|tiny STEPS THREADS BATCH SEQ [default|dense|checkpoint]
 // MODE: default (fused LM loss: no [tokens, vocab] logits), dense (logits + cross_entropy, the
 // Python side's kernels), checkpoint (default + every block recomputed in backward).
-// Prints ms_per_step, tokens_per_s and the process's peak resident memory.
+// THREADS 0: polytrain's default (all the CPUs this process may use).
+// Prints the threads, ms_per_step, tokens_per_s, the step's matmul FLOPs (forward + backward)
+// and the process's peak resident memory.
 #include <sys/resource.h>
 
 #include <chrono>
@@ -13,6 +15,7 @@
 
 #include <torch/torch.h>
 
+#include "polytrain/common/cpu_budget.h"
 #include "polytrain/models/gpt2.h"
 
 using namespace polytrain;
@@ -24,7 +27,8 @@ int main(int argc, char** argv) {
   }
   const std::string size = argv[1];
   const int steps = std::stoi(argv[2]);
-  at::set_num_threads(std::stoi(argv[3]));
+  at::set_num_threads(std::stoi(argv[3]) > 0 ? std::stoi(argv[3]) : default_thread_count(0));
+  std::printf("threads %d\n", at::get_num_threads());
   const int64_t batch = std::stoll(argv[4]), seq = std::stoll(argv[5]);
   const std::string mode = argc > 6 ? argv[6] : "default";
   torch::manual_seed(0);
@@ -45,6 +49,11 @@ int main(int argc, char** argv) {
   for (int i = 0; i < steps; ++i) step();
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / steps;
   std::printf("ms_per_step %.1f\ntokens_per_s %.1f\n", ms, 1000.0 * batch * seq / ms);
+  // Matmul FLOPs: per token and layer 8h^2 (QKV, proj) + 16h^2 (MLP, 4h) + 4 * seq * h
+  // (causal scores and context computed in full), the tied head 2hV; backward twice the forward.
+  const double h = c.n_embd, V = c.vocab_size, tokens = static_cast<double>(batch * seq);
+  const double fwd = tokens * (c.n_layer * (24 * h * h + 4.0 * seq * h) + 2 * h * V);
+  std::printf("gflop_per_step %.2f\n", 3 * fwd / 1e9);
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
   std::printf("peak_rss_mb %.1f\n", ru.ru_maxrss / 1024.0);

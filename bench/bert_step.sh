@@ -1,37 +1,55 @@
 #!/usr/bin/env bash
-# Per-step time of polytrain's BERT masked-LM step against the same model, batch and thread
-# count in Python PyTorch (Debian's python3-torch 1.13, same libtorch), side by side; prints
-# the ratio (ours / Python's; targets: tiny <= 0.85, base <= 1.0) and the BLAS in use.
-# "ours" is what train_bert runs by default (model.fused_lm_loss: the LM loss and its gradients
-# computed chunk by chunk, without the [tokens, vocab] logits). "dense" is polytrain with
-# fused_lm_loss off: the very kernels the Python side runs, so its ratio isolates the
-# interpreter overhead. "masked-only" adds model.sparse_prediction (head transform only at
-# masked positions). All three give the same loss and gradients to float rounding.
-# Usage: bench/bert_step.sh [BUILD_DIR]   (needs python3-torch: apt-get install python3-torch)
+# Per-step time of polytrain's BERT masked-LM training step (forward + backward + clip + AdamW,
+# batch x 128 tokens) against the same model and batch in Python PyTorch (Debian's
+# python3-torch 1.13 on the same libtorch), side by side, interleaved, best of ROUNDS per side.
+# Columns:
+#   python shipped   python3 as installed: glibc malloc, torch's default threads
+#   python tuned     PyTorch's CPU performance guide: tcmalloc preloaded, threads = all cores
+#   polytrain        what train_bert runs by default: tcmalloc linked in, all cores, the MLM
+#                    head only at masked positions (model.sparse_prediction, as NVIDIA's and
+#                    Megatron's BERT) and the fused LM loss (no [tokens, vocab] logits)
+#   fused only       polytrain with the head at every position (fused loss): less saved work
+#   same math        polytrain with the dense loss at every position: the Python side's kernels
+#   ratios           step time / tuned Python's (goal <= 0.85)
+#   GFLOP/s (peak)   matmul FLOPs each side really runs per second, and that against this
+#                    machine's fp32 GEMM rate measured in the same run at the same threads
+#                    (bench/gemm_peak.h); for polytrain's default and for the same math
+# All of polytrain's variants give the same loss and gradients to float rounding.
+# Usage: bench/bert_step.sh [BUILD_DIR]   env: ROUNDS (2), SIZES ("tiny base")
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${1:-$ROOT/build}"
-THREADS="${THREADS:-2}"
+ROUNDS="${ROUNDS:-2}"
 PY=/usr/bin/python3
+TCMALLOC=$(ls /usr/lib/*-linux-gnu/libtcmalloc_minimal.so.4 2>/dev/null | head -1)
+[[ -n "$TCMALLOC" ]] || { echo "bert_step: libtcmalloc_minimal.so.4 missing (apt-get install libgoogle-perftools-dev)" >&2; exit 2; }
+unset OMP_NUM_THREADS
+threads=$("$BUILD/bench_bert_step" gemm 0 0 | awk '$1=="threads"{print $2}')
+gemm=$("$BUILD/bench_bert_step" gemm 0 "$threads" | awk '$1=="gemm_gflops"{print $2}')
 blas=$(update-alternatives --query libblas.so.3-x86_64-linux-gnu 2>/dev/null | awk '/^Value:/{print $2}')
-echo "BLAS: ${blas:-unknown}; threads: $THREADS; torch (python): $($PY -c 'import torch;print(torch.__version__)')"
-ms() { awk '/^ms_per_step/{print $3}'; }
-printf "%-6s %10s %10s %7s %10s %7s %16s\n" size "ours ms" "python ms" ratio "dense ms" ratio "masked-only ms"
-for spec in "tiny 10" "base 3"; do
-  set -- $spec
-  # Interleave the two sides twice and keep each side's best: the machine is noisy.
-  best_c=""; best_p=""; best_m=""; best_d=""
-  for round in 1 2; do
-    c=$("$BUILD/bench_bert_step" "$1" "$2" "$THREADS" | ms)
-    d=$("$BUILD/bench_bert_step" "$1" "$2" "$THREADS" dense | ms)
-    p=$($PY "$ROOT/bench/bert_step_torch.py" "$1" "$2" "$THREADS" | ms)
-    m=$("$BUILD/bench_bert_step" "$1" "$2" "$THREADS" masked_only | ms)
-    best_c=$(echo "$c $best_c" | awk '{print ($2=="" || $1<$2) ? $1 : $2}')
-    best_p=$(echo "$p $best_p" | awk '{print ($2=="" || $1<$2) ? $1 : $2}')
-    best_m=$(echo "$m $best_m" | awk '{print ($2=="" || $1<$2) ? $1 : $2}')
-    best_d=$(echo "$d $best_d" | awk '{print ($2=="" || $1<$2) ? $1 : $2}')
+echo "CPUs: $(nproc); polytrain's default threads: $threads; fp32 GEMM peak at $threads threads: $gemm GFLOP/s"
+echo "BLAS: ${blas:-unknown}; torch (python): $($PY -c 'import torch;print(torch.__version__)'); tuned python preloads $TCMALLOC"
+get() { awk -v k="$1" '$1==k{print $NF}'; }
+best() { echo "$1 $2" | awk '{print ($2=="" || $1<$2) ? $1 : $2}'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.3f", a/b}'; }
+printf "%-5s %17s %9s %10s %6s %10s %10s %6s %16s %16s\n" size "python shipped" "tuned" polytrain ratio "fused only" \
+  "same math" ratio "GFLOP/s (peak)" "same math"
+for spec in ${SIZES:-tiny base}; do
+  steps=10; [[ $spec == base ]] && steps=3
+  bs=""; bt=""; bo=""; bf=""; bd=""; pyt=""
+  for ((round = 1; round <= ROUNDS; round++)); do
+    s=$($PY "$ROOT/bench/bert_step_torch.py" "$spec" "$steps" 0)
+    pyt=$(echo "$s" | get threads)
+    t=$(LD_PRELOAD="$TCMALLOC" $PY "$ROOT/bench/bert_step_torch.py" "$spec" "$steps" "$threads")
+    o=$("$BUILD/bench_bert_step" "$spec" "$steps" 0)
+    f=$("$BUILD/bench_bert_step" "$spec" "$steps" "$threads" fused)
+    d=$("$BUILD/bench_bert_step" "$spec" "$steps" "$threads" dense)
+    bs=$(best "$(echo "$s" | get ms_per_step)" "$bs"); bt=$(best "$(echo "$t" | get ms_per_step)" "$bt")
+    bo=$(best "$(echo "$o" | get ms_per_step)" "$bo"); bf=$(best "$(echo "$f" | get ms_per_step)" "$bf")
+    bd=$(best "$(echo "$d" | get ms_per_step)" "$bd")
+    gflop_o=$(echo "$o" | get gflop_per_step); gflop_d=$(echo "$d" | get gflop_per_step)
   done
-  ratio=$(awk -v a="$best_c" -v b="$best_p" 'BEGIN{printf "%.3f", a/b}')
-  dratio=$(awk -v a="$best_d" -v b="$best_p" 'BEGIN{printf "%.3f", a/b}')
-  printf "%-6s %10s %10s %7s %10s %7s %16s\n" "$1" "$best_c" "$best_p" "$ratio" "$best_d" "$dratio" "$best_m"
+  rate() { awk -v f="$1" -v ms="$2" -v g="$gemm" 'BEGIN{r = f / (ms / 1000); printf "%.1f (%.0f%%)", r, 100 * r / g}'; }
+  printf "%-5s %17s %9s %10s %6s %10s %10s %6s %16s %16s\n" "$spec" "$bs ($pyt thr)" "$bt" "$bo" "$(ratio "$bo" "$bt")" \
+    "$bf" "$bd" "$(ratio "$bd" "$bt")" "$(rate "$gflop_o" "$bo")" "$(rate "$gflop_d" "$bd")"
 done

@@ -54,7 +54,9 @@ class Bert(nn.Module):
 
 def main():
     size, steps, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    torch.set_num_threads(threads)
+    if threads > 0:  # 0: as shipped (torch's own default)
+        torch.set_num_threads(threads)
+    print(f"threads {torch.get_num_threads()}", flush=True)
     torch.manual_seed(0)
     c = SIZES[size]
     model = Bert(c["hidden"], c["layers"], c["heads"], c["inter"])

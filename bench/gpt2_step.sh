@@ -1,32 +1,58 @@
 #!/usr/bin/env bash
-# GPT-2 small (124M) forward + backward tokens/s: polytrain against the same model, batch and
-# thread count in Python PyTorch (Debian's python3-torch, same libtorch), side by side, plus
-# peak resident memory with and without activation checkpointing.
-# "ours" is what train_gpt2 runs (fused LM loss: no [tokens, 50257] logits); "dense" materialises
-# the logits as the Python side does, so its ratio isolates everything but the loss.
-# Usage: bench/gpt2_step.sh [BUILD_DIR]   env: THREADS (2), BATCH (4), SEQ (256), STEPS (3)
+# GPT-2 small (124M) forward + backward tokens/s (dropout off, no optimizer step): polytrain
+# against the same model and batch in Python PyTorch (Debian's python3-torch 1.13 on the same
+# libtorch; the model of scripts/hf_ref/gpt2.py, transformers' math), interleaved, best of
+# ROUNDS per side, with peak resident memory.
+# Rows:
+#   python shipped       python3 as installed: glibc malloc, torch's default threads
+#   python tuned         tcmalloc preloaded, threads = all cores (PyTorch's CPU guide)
+#   polytrain            what train_gpt2 runs by default: tcmalloc linked in, all cores, fused
+#                        LM loss (no [tokens, 50257] logits)
+#   same math            polytrain with the dense logits of the Python side
+#   + checkpointing      polytrain's default with every block recomputed in backward
+# "vs tuned" is tokens/s over tuned Python's (goal >= 1.2); "of GEMM peak" is the matmul FLOPs
+# per second against this machine's fp32 GEMM measured in the same run (bench/gemm_peak.h).
+# Usage: bench/gpt2_step.sh [BUILD_DIR]   env: BATCH (4), SEQ (256), STEPS (3), ROUNDS (2)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${1:-$ROOT/build}"
-THREADS="${THREADS:-2}" BATCH="${BATCH:-4}" SEQ="${SEQ:-256}" STEPS="${STEPS:-3}"
+BATCH="${BATCH:-4}" SEQ="${SEQ:-256}" STEPS="${STEPS:-3}" ROUNDS="${ROUNDS:-2}"
 PY=/usr/bin/python3
+TCMALLOC=$(ls /usr/lib/*-linux-gnu/libtcmalloc_minimal.so.4 2>/dev/null | head -1)
+[[ -n "$TCMALLOC" ]] || { echo "gpt2_step: libtcmalloc_minimal.so.4 missing (apt-get install libgoogle-perftools-dev)" >&2; exit 2; }
+unset OMP_NUM_THREADS
+threads=$("$BUILD/bench_bert_step" gemm 0 0 | awk '$1=="threads"{print $2}')
+gemm=$("$BUILD/bench_bert_step" gemm 0 "$threads" | awk '$1=="gemm_gflops"{print $2}')
 blas=$(update-alternatives --query libblas.so.3-x86_64-linux-gnu 2>/dev/null | awk '/^Value:/{print $2}')
-echo "GPT-2 small, batch $BATCH x $SEQ tokens, $THREADS threads; BLAS: ${blas:-unknown}; torch (python): $($PY -c 'import torch;print(torch.__version__)')"
-get() { awk -v k="$1" '$1==k{print $2}'; }
+echo "GPT-2 small, batch $BATCH x $SEQ tokens; CPUs: $(nproc); polytrain's default threads: $threads; fp32 GEMM peak: $gemm GFLOP/s"
+echo "BLAS: ${blas:-unknown}; torch (python): $($PY -c 'import torch;print(torch.__version__)'); tuned python preloads $TCMALLOC"
+get() { awk -v k="$1" '$1==k{print $NF}'; }
 best() { echo "$1 $2" | awk '{print ($2=="" || $1>$2) ? $1 : $2}'; }
-ours=""; dense=""; py=""
-for round in 1 2; do  # interleaved, best of two per side: the machine is noisy
-  o=$("$BUILD/bench_gpt2_step" small "$STEPS" "$THREADS" "$BATCH" "$SEQ")
-  d=$("$BUILD/bench_gpt2_step" small "$STEPS" "$THREADS" "$BATCH" "$SEQ" dense)
-  p=$($PY "$ROOT/bench/gpt2_step_torch.py" small "$STEPS" "$THREADS" "$BATCH" "$SEQ")
-  ours=$(best "$(echo "$o" | get tokens_per_s)" "$ours"); dense=$(best "$(echo "$d" | get tokens_per_s)" "$dense")
-  py=$(best "$(echo "$p" | get tokens_per_s)" "$py")
-  [[ $round == 1 ]] && { rss_o=$(echo "$o" | get peak_rss_mb); rss_d=$(echo "$d" | get peak_rss_mb); rss_p=$(echo "$p" | get peak_rss_mb); }
+declare -A tok rss thr
+run_side() {  # name, command...
+  local name=$1; shift
+  local out; out=$("$@")
+  tok[$name]=$(best "$(echo "$out" | get tokens_per_s)" "${tok[$name]:-}")
+  rss[$name]=$(echo "$out" | get peak_rss_mb); thr[$name]=$(echo "$out" | get threads)
+  local g; g=$(echo "$out" | get gflop_per_step)
+  if [[ -n "$g" ]]; then gflop=$g; fi
+}
+for ((round = 1; round <= ROUNDS; round++)); do
+  run_side shipped $PY "$ROOT/bench/gpt2_step_torch.py" small "$STEPS" 0 "$BATCH" "$SEQ"
+  run_side tuned env LD_PRELOAD="$TCMALLOC" $PY "$ROOT/bench/gpt2_step_torch.py" small "$STEPS" "$threads" "$BATCH" "$SEQ"
+  run_side ours "$BUILD/bench_gpt2_step" small "$STEPS" 0 "$BATCH" "$SEQ"
+  run_side dense "$BUILD/bench_gpt2_step" small "$STEPS" "$threads" "$BATCH" "$SEQ" dense
 done
-c=$("$BUILD/bench_gpt2_step" small "$STEPS" "$THREADS" "$BATCH" "$SEQ" checkpoint)
-printf "%-34s %12s %10s %12s\n" side tokens/s "vs python" "peak RSS MB"
-printf "%-34s %12s %10s %12s\n" "python (dense logits)" "$py" "1.000" "$rss_p"
-printf "%-34s %12s %10s %12s\n" "polytrain (fused LM loss)" "$ours" "$(awk -v a="$ours" -v b="$py" 'BEGIN{printf "%.3f", a/b}')" "$rss_o"
-printf "%-34s %12s %10s %12s\n" "polytrain (dense logits)" "$dense" "$(awk -v a="$dense" -v b="$py" 'BEGIN{printf "%.3f", a/b}')" "$rss_d"
-printf "%-34s %12s %10s %12s\n" "polytrain (fused + checkpointing)" "$(echo "$c" | get tokens_per_s)" \
-  "$(awk -v a="$(echo "$c" | get tokens_per_s)" -v b="$py" 'BEGIN{printf "%.3f", a/b}')" "$(echo "$c" | get peak_rss_mb)"
+run_side ckpt "$BUILD/bench_gpt2_step" small "$STEPS" 0 "$BATCH" "$SEQ" checkpoint
+printf "%-34s %8s %10s %9s %13s %12s\n" side threads tokens/s "vs tuned" "of GEMM peak" "peak RSS MB"
+row() {
+  local t=${tok[$2]}
+  local pct; pct=$(awk -v t="$t" -v f="$gflop" -v b="$BATCH" -v s="$SEQ" -v g="$gemm" 'BEGIN{printf "%.0f%%", 100 * f * t / (b * s) / g}')
+  printf "%-34s %8s %10s %9s %13s %12s\n" "$1" "${thr[$2]}" "$t" "$(awk -v a="$t" -v b="${tok[tuned]}" 'BEGIN{printf "%.3f", a/b}')" \
+    "$pct" "${rss[$2]}"
+}
+row "python shipped (dense logits)" shipped
+row "python tuned (dense logits)" tuned
+row "polytrain (fused LM loss)" ours
+row "polytrain, same math (dense)" dense
+row "polytrain + checkpointing" ckpt

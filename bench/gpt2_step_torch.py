@@ -15,7 +15,9 @@ from hf_ref import gpt2  # noqa: E402
 
 
 def main(size, steps, threads, batch, seq):
-    torch.set_num_threads(threads)
+    if threads > 0:  # 0: as shipped (torch's own default)
+        torch.set_num_threads(threads)
+    print(f"threads {torch.get_num_threads()}", flush=True)
     torch.manual_seed(0)
     cfg = {"vocab_size": 50257, "n_positions": 1024, "n_embd": 768, "n_layer": 12, "n_head": 12}
     if size == "tiny":

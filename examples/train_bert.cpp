@@ -87,6 +87,7 @@ int main(int argc, char** argv) {
 
     PT_INPUT_CHECK(!cfg.data.vocab_file.empty(), "data.vocab_file: not set (a BERT vocab.txt)");
     PT_INPUT_CHECK(!cfg.data.train_files.empty(), "data.train_files: not set (plain-text files)");
+    BertTrainer trainer(cfg);  // first: threads, the run's first line, torch's seed
     auto tok = WordPieceTokenizer::from_vocab_file(cfg.data.vocab_file);
     PT_INPUT_CHECK(tok.vocab_size() <= cfg.model.vocab_size, "model.vocab_size ", cfg.model.vocab_size,
                    " is smaller than the vocabulary in ", cfg.data.vocab_file, " (", tok.vocab_size(), ")");
@@ -112,7 +113,6 @@ int main(int argc, char** argv) {
       return 0;
     }
 
-    BertTrainer trainer(cfg);  // seeds torch before the model is built
     BertForMaskedLM model(cfg.model);
     auto result = trainer.train(model.ptr(), train, eval.size() > 0 ? &eval : nullptr);
     if (main_rank)

@@ -55,6 +55,7 @@ int main(int argc, char** argv) {
                                                                      init_from + "/config.json");
     PT_INPUT_CHECK(!cfg.data.vocab_file.empty(), "data.vocab_file: not set (GPT-2's encoder.json)");
     PT_INPUT_CHECK(!cfg.data.train_files.empty(), "data.train_files: not set (plain-text files)");
+    Gpt2Trainer trainer(cfg);  // first: threads, the run's first line, torch's seed
     if (merges.empty()) merges = (std::filesystem::path(cfg.data.vocab_file).parent_path() / "vocab.bpe").string();
     const auto tok = Gpt2BpeTokenizer::from_files(cfg.data.vocab_file, merges);
     PT_INPUT_CHECK(tok.vocab_size() <= model_cfg.vocab_size, "model.vocab_size ", model_cfg.vocab_size,
@@ -74,7 +75,6 @@ int main(int argc, char** argv) {
                   static_cast<long long>(dataset.size()), static_cast<long long>(cfg.data.max_seq_length),
                   static_cast<long long>(train.size()), static_cast<long long>(eval.size()));
 
-    Gpt2Trainer trainer(cfg);  // seeds torch before the model is built
     Gpt2LMHeadModel model = init_from.empty() ? Gpt2LMHeadModel(model_cfg)
                                               : Gpt2LMHeadModel(Gpt2LMHeadModelImpl::from_pretrained(init_from));
     auto result = trainer.train(model.ptr(), train, eval.size() > 0 ? &eval : nullptr);

@@ -82,6 +82,7 @@ int main(int argc, char** argv) {
                    "': train_t5 trains t5 models");
     PT_INPUT_CHECK(!cfg.data.train_files.empty(), "data.train_files: not set (plain-text files)");
     if (spm_model.empty()) spm_model = cfg.data.vocab_file.empty() ? ".cache/assets/spm/corpus.model" : cfg.data.vocab_file;
+    T5Trainer trainer(cfg);  // first: threads, the run's first line, torch's seed
     const auto tok = SentencePieceTokenizer::load(spm_model, SentencePieceTokenizer::kDefaultExtraIds, true);
     T5Config model_cfg = init_from.empty() ? t5_config_from_json(cfg.model.extra, "model")
                                            : t5_config_from_json(read_pretrained_config(init_from),
@@ -117,7 +118,6 @@ int main(int argc, char** argv) {
       return 0;
     }
 
-    T5Trainer trainer(cfg);  // seeds torch before the model is built
     T5ForConditionalGeneration model = init_from.empty()
                                            ? T5ForConditionalGeneration(model_cfg)
                                            : T5ForConditionalGenerationImpl::from_pretrained(init_from);

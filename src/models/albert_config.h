@@ -36,7 +36,7 @@ struct AlbertConfig {
   /// true when `architectures` names AlbertForPreTraining.
   bool sentence_order_prediction = false;
   /// polytrain: as ModelConfig::sparse_prediction (score only labelled positions).
-  bool sparse_prediction = false;
+  bool sparse_prediction = true;
   /// polytrain: as ModelConfig::fused_lm_loss (loss without the [tokens, vocab] logits).
   bool fused_lm_loss = true;
   /// Other keys of the source (architectures, torch_dtype, ...), kept verbatim for export.

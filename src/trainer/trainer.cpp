@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <limits>
 #include <set>
@@ -22,6 +23,8 @@
 #include <torch/utils.h>
 
 #include "polytrain/common/autocast.h"
+#include "polytrain/common/cpu_budget.h"
+#include "polytrain/common/dist_env.h"
 #include "polytrain/common/error.h"
 #include "polytrain/common/fault.h"
 #include "polytrain/data/sample_order.h"
@@ -77,7 +80,23 @@ void set_cpu_rng_state(const at::Tensor& state) {
 
 Trainer::Trainer(Config cfg) : cfg_(std::move(cfg)), best_eval_loss_(std::numeric_limits<double>::quiet_NaN()) {
   torch::manual_seed(cfg_.trainer.seed);
-  if (cfg_.trainer.num_threads > 0) at::set_num_threads(static_cast<int>(cfg_.trainer.num_threads));
+  // All the CPUs this process may use (affinity, cgroup quota) divided among the processes the
+  // launcher started on this host, unless trainer.num_threads or OMP_NUM_THREADS says otherwise.
+  std::string thread_source;
+  at::set_num_threads(default_thread_count(cfg_.trainer.num_threads, &thread_source));
+  // The run's first line (the examples build their Trainer before anything else prints):
+  // threads, BLAS and allocator, from rank 0 of a launched job (every peer of a swarm).
+  int rank = 0;
+  try {
+    rank = read_dist_env().rank;
+  } catch (const InputError&) {
+    rank = 0;  // the backend reports a malformed job environment, naming the variable
+  }
+  if (rank == 0) {
+    std::printf("polytrain: %d threads (%s) | BLAS %s | allocator %s\n", at::get_num_threads(), thread_source.c_str(),
+                blas_description().c_str(), allocator_description().c_str());
+    std::fflush(stdout);
+  }
 }
 
 Trainer::~Trainer() = default;

@@ -26,6 +26,7 @@ std::vector<int> run_ranks(int world, std::chrono::seconds deadline, F body) {
     if (pid == 0) {
       int rc = 1;
       try {
+        ::setenv("OMP_NUM_THREADS", "1", 1);  // a Trainer built in body() keeps one thread too
         at::set_num_threads(1);
         rc = body(r);
       } catch (const std::exception& e) {
