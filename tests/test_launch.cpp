@@ -725,7 +725,7 @@ TEST(Threads, ASingleRunUsesEveryCpuAndLaunchedWorkersSplitThem) {
   ASSERT_EQ(r.code, 0) << r.out;
   // The log's first line: threads, BLAS, allocator.
   const std::string first = r.out.substr(0, r.out.find('\n'));
-  EXPECT_EQ(first.rfind("polytrain: " + std::to_string(cpus) + " threads (" + std::to_string(cpus) +
+  EXPECT_EQ(first.rfind("polytrain: threads " + std::to_string(cpus) + " (" + std::to_string(cpus) +
                             " CPUs / 1 local process) | BLAS ",
                         0),
             0u)
@@ -740,7 +740,7 @@ TEST(Threads, ASingleRunUsesEveryCpuAndLaunchedWorkersSplitThem) {
               std::to_string(polytrain::testing::free_port()) + " " + train + " --env_type pytorchDDP --train_batch_size 32",
           POLYTRAIN_SOURCE_DIR);
   ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("[rank 0] polytrain: " + std::to_string(std::max(1, cpus / 2)) + " threads (OMP_NUM_THREADS)"),
+  EXPECT_NE(r.out.find("[rank 0] polytrain: threads " + std::to_string(std::max(1, cpus / 2)) + " (OMP_NUM_THREADS)"),
             std::string::npos)
       << r.out;
 }

@@ -93,7 +93,7 @@ Trainer::Trainer(Config cfg) : cfg_(std::move(cfg)), best_eval_loss_(std::numeri
     rank = 0;  // the backend reports a malformed job environment, naming the variable
   }
   if (rank == 0) {
-    std::printf("polytrain: %d threads (%s) | BLAS %s | allocator %s\n", at::get_num_threads(), thread_source.c_str(),
+    std::printf("polytrain: threads %d (%s) | BLAS %s | allocator %s\n", at::get_num_threads(), thread_source.c_str(),
                 blas_description().c_str(), allocator_description().c_str());
     std::fflush(stdout);
   }
