@@ -7,7 +7,8 @@
 //       positions and the fused LM loss, no [tokens, vocab] logits),
 //       fused (fused LM loss, head at every position),
 //       dense (head everywhere, logits materialised + cross_entropy: the Python side's kernels),
-//       checkpoint (default + activation checkpointing of every encoder layer).
+//       checkpoint (default + activation checkpointing of every encoder layer),
+//       bf16 (default under CPU autocast in bf16, as bf16.enabled runs it: fp32 master weights).
 // All give the same loss and gradients to float rounding. Also prints the threads, the matmul
 // FLOPs the mode runs per step (forward + backward = 3x forward) and the process's peak
 // resident memory (getrusage), for bench/activation_memory.sh.
@@ -15,11 +16,13 @@
 
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include <torch/torch.h>
 
 #include "gemm_peak.h"
+#include "polytrain/common/autocast.h"
 #include "polytrain/common/config.h"
 #include "polytrain/common/cpu_budget.h"
 #include "polytrain/models/bert.h"
@@ -30,7 +33,7 @@ using namespace polytrain;
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: bench_bert_step tiny|base|gemm STEPS THREADS [default|fused|dense|checkpoint]\n");
+    std::fprintf(stderr, "usage: bench_bert_step tiny|base|gemm STEPS THREADS [default|fused|dense|checkpoint|bf16]\n");
     return 2;
   }
   const std::string size = argv[1];
@@ -66,7 +69,10 @@ int main(int argc, char** argv) {
   auto labels = torch::where(torch::rand({batch, 128}) < 0.15, ids, torch::full_like(ids, -100));
   auto am = torch::ones_like(ids), tt = torch::zeros_like(ids);
   auto step = [&] {
+    std::optional<AutocastGuard> autocast;
+    if (mode == "bf16") autocast.emplace(c10::DeviceType::CPU, c10::kBFloat16);
     auto out = model->forward(ids, am, tt, labels);
+    autocast.reset();
     out.loss.backward();
     clip_grads(params, grad_norm(params), 1.0);
     opt->step();

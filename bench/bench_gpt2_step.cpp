@@ -1,9 +1,10 @@
 // C++ side of bench/gpt2_step.sh: GPT-2 forward + backward tokens/s (no optimizer step) of
 // polytrain's Gpt2LMHeadModel on a fixed random batch; gpt2_step_torch.py runs the same model,
 // batch and threads in Python PyTorch. Dropout is off on both sides (the reference has none).
-// Usage: bench_gpt2_step small|tiny STEPS THREADS BATCH SEQ [default|dense|checkpoint]
+// Usage: bench_gpt2_step small|tiny STEPS THREADS BATCH SEQ [default|dense|checkpoint|bf16]
 // MODE: default (fused LM loss: no [tokens, vocab] logits), dense (logits + cross_entropy, the
-// Python side's kernels), checkpoint (default + every block recomputed in backward).
+// Python side's kernels), checkpoint (default + every block recomputed in backward), bf16
+// (default under CPU autocast in bf16, as bf16.enabled runs it: fp32 master weights).
 // THREADS 0: polytrain's default (all the CPUs this process may use).
 // Prints the threads, ms_per_step, tokens_per_s, the step's matmul FLOPs (forward + backward)
 // and the process's peak resident memory.
@@ -11,10 +12,12 @@
 
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include <torch/torch.h>
 
+#include "polytrain/common/autocast.h"
 #include "polytrain/common/cpu_budget.h"
 #include "polytrain/models/gpt2.h"
 
@@ -22,7 +25,7 @@ using namespace polytrain;
 
 int main(int argc, char** argv) {
   if (argc < 6) {
-    std::fprintf(stderr, "usage: bench_gpt2_step small|tiny STEPS THREADS BATCH SEQ [default|dense|checkpoint]\n");
+    std::fprintf(stderr, "usage: bench_gpt2_step small|tiny STEPS THREADS BATCH SEQ [default|dense|checkpoint|bf16]\n");
     return 2;
   }
   const std::string size = argv[1];
@@ -41,7 +44,11 @@ int main(int argc, char** argv) {
   model->set_activation_checkpointing(mode == "checkpoint");
   auto ids = torch::randint(0, c.vocab_size, {batch, seq}, torch::kLong);
   auto step = [&] {
-    model->forward(ids, {}, ids).loss.backward();
+    std::optional<AutocastGuard> autocast;
+    if (mode == "bf16") autocast.emplace(c10::DeviceType::CPU, c10::kBFloat16);
+    auto loss = model->forward(ids, {}, ids).loss;
+    autocast.reset();
+    loss.backward();
     for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();  // set_to_none, as torch's default
   };
   step();
