@@ -89,7 +89,8 @@ int bench_comm() {
   CommOptions o;
   auto comm = make_communicator(o);
   const int n = comm->size();
-  // memcpy bandwidth on this machine: bytes read + written per second by one large copy.
+  // memcpy bandwidth on this machine: bytes copied per second by one large copy (each byte read
+  // once and written once), every rank copying at the same time, as an all-reduce's ranks do.
   auto src = torch::rand({16 << 20}), dst = torch::empty_like(src);
   dst.copy_(src);
   auto t0 = Clock::now();
