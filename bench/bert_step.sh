@@ -20,13 +20,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${1:-$ROOT/build}"
 ROUNDS="${ROUNDS:-2}"
-PY=/usr/bin/python3
-TCMALLOC=$(ls /usr/lib/*-linux-gnu/libtcmalloc_minimal.so.4 2>/dev/null | head -1)
-[[ -n "$TCMALLOC" ]] || { echo "bert_step: libtcmalloc_minimal.so.4 missing (apt-get install libgoogle-perftools-dev)" >&2; exit 2; }
-unset OMP_NUM_THREADS
-threads=$("$BUILD/bench_bert_step" gemm 0 0 | awk '$1=="threads"{print $2}')
-gemm=$("$BUILD/bench_bert_step" gemm 0 "$threads" | awk '$1=="gemm_gflops"{print $2}')
-blas=$(update-alternatives --query libblas.so.3-x86_64-linux-gnu 2>/dev/null | awk '/^Value:/{print $2}')
+source "$ROOT/bench/cpu_peer.sh"
 echo "CPUs: $(nproc); polytrain's default threads: $threads; fp32 GEMM peak at $threads threads: $gemm GFLOP/s"
 echo "BLAS: ${blas:-unknown}; torch (python): $($PY -c 'import torch;print(torch.__version__)'); tuned python preloads $TCMALLOC"
 get() { awk -v k="$1" '$1==k{print $NF}'; }

@@ -10,7 +10,6 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
-#include <thread>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -98,13 +97,13 @@ void local_procs(const LaunchOptions& o, const WorldPlan& plan, int node, const 
                  Job& job) {
   const auto& n = plan.nodes.at(node - plan.first_node);
   // The CPUs this launcher may use (affinity mask, cgroup quota), shared fairly among its workers.
-  const size_t cores = static_cast<size_t>(available_cpus());
+  // torchrun sets 1; a fair share of the CPUs wastes less of a CPU host.
   const bool set_threads = !std::getenv("OMP_NUM_THREADS") && n.ranks.size() > 1;
+  const std::string share =
+      set_threads ? std::to_string(std::max<size_t>(1, static_cast<size_t>(available_cpus()) / n.ranks.size())) : "";
   for (size_t i = 0; i < n.ranks.size(); ++i) {
     EnvList env = exports;
-    if (set_threads) {  // torchrun sets 1; a fair share of the cores wastes less of a CPU host
-      set_env(env, "OMP_NUM_THREADS", std::to_string(std::max<size_t>(1, cores / n.ranks.size())));
-    }
+    if (set_threads) set_env(env, "OMP_NUM_THREADS", share);
     for (const auto& [k, v] : worker_env(plan, node, static_cast<int>(i), restart)) set_env(env, k, v);
     if (isatty(STDERR_FILENO)) set_env(env, "POLYTRAIN_TTY", "1");  // progress bars may redraw
     ProcSpec p;
@@ -115,7 +114,7 @@ void local_procs(const LaunchOptions& o, const WorldPlan& plan, int node, const 
     if (!o.log_dir.empty()) p.log_path = cat(o.log_dir, "/rank_", n.ranks[i], ".log");
     Argv shown;
     for (const auto& [k, v] : worker_env(plan, node, static_cast<int>(i), restart)) shown.push_back(k + "=" + v);
-    if (set_threads) shown.push_back("OMP_NUM_THREADS=" + std::to_string(std::max<size_t>(1, cores / n.ranks.size())));
+    if (set_threads) shown.push_back("OMP_NUM_THREADS=" + share);
     shown.insert(shown.end(), p.argv.begin(), p.argv.end());
     job.hosts_commands[n.host].push_back(join_command(shown));
     job.procs.push_back(std::move(p));

@@ -103,8 +103,8 @@ class StateDonor {
   size_t serving() const;
   /// Test hook: chunks served after this many bytes are corrupted (0 = never).
   void corrupt_after(uint64_t bytes);
-  /// Test hook: once this many bytes are served the donor drops every stream, as a crashed
-  /// peer would, and serves nothing more (0 = never).
+  /// Test hook: once this many bytes are served the donor drops every range stream, as a
+  /// crashed peer would, and serves no more chunks (0 = never).
   void die_after(uint64_t bytes);
 
  private:
