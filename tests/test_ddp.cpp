@@ -163,6 +163,25 @@ TEST_F(Fixture, DataParallelReproducesSingleProcessTraining) {
   EXPECT_LT(max_diff("w1m8", "mpi2"), 1e-5);
 }
 
+// amp O2 in bf16 on CPU, data-parallel: bf16 weights and gradients (averaged in bf16 over
+// Gloo), fp32 master weights on every rank. World 2 follows world 1 (which accumulates the same
+// micro-batches in bf16) to bf16 rounding, and both consolidated models hold fp32 masters.
+TEST_F(Fixture, AmpO2DataParallelFollowsOneProcess) {
+  json c = json::parse(std::ifstream(dir / "config.json"));
+  c["amp"] = {{"enabled", true}, {"opt_level", "O2"}, {"dtype", "bfloat16"}};
+  std::ofstream(dir / "config.json") << c.dump(2);
+  const std::string steps = "--max_steps 30 --save_interval 30";
+  CmdResult out;
+  auto ref = train("a1", "--num_gpus 1", "pytorch", 8, steps, &out);
+  EXPECT_NE(out.out.find("amp O2: bfloat16 weights (normalization layers fp32), fp32 master weights"), std::string::npos)
+      << out.out;
+  auto w2 = train("a2", "--num_gpus 2", "pytorchDDP", 8, steps);
+  expect_same_curve(ref, w2, 1, 30, 2e-2, "amp O2 gloo world 2 vs world 1");
+  EXPECT_LT(ref.at(30), ref.at(1));  // it trains
+  for (const char* run : {"a1", "a2"})
+    for (const auto& [k, v] : weights(run, 30)) EXPECT_EQ(v.scalar_type(), at::kFloat) << run << " " << k;
+}
+
 TEST_F(Fixture, KilledRankEndsTheJobAndResumeWorksAtAnotherWorldSize) {
   // The reference: 40 uninterrupted steps at world size 2.
   auto full = train("full", "--num_gpus 2", "pytorchDDP", 8, "--max_steps 40 --save_interval 20");

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <cmath>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -142,6 +143,114 @@ void parse_precision(const json* fp16, const json* bf16, const json* bfloat16, P
     for (std::string& key : *ctx.ignored)
       if (key.rfind("bfloat16.", 0) == 0) key = "bf16." + key.substr(9);
   if (c.enabled && cfg.bf16.enabled) ctx.fail("'fp16.enabled' and 'bf16.enabled' are both true; pick one");
+}
+
+// A dtype as Apex's kwargs name it ("torch.float16", "half", ...) -> float16 | bfloat16 | float32;
+// "" when it is none of them.
+std::string amp_dtype_name(std::string v) {
+  v = lower(v);
+  if (v.rfind("torch.", 0) == 0) v = v.substr(6);
+  if (v == "float16" || v == "half" || v == "fp16") return "float16";
+  if (v == "bfloat16" || v == "bf16") return "bfloat16";
+  if (v == "float32" || v == "float" || v == "fp32") return "float32";
+  return "";
+}
+
+// DeepSpeed's `amp` block: {"enabled": ..., then amp.initialize's keyword arguments}. Apex's
+// rules (apex/amp/frontend.py, Properties) are errors here as they are there.
+void parse_amp(const json* j, ParseContext& ctx, Config& cfg) {
+  ObjectReader r(j, "amp", ctx);
+  AmpConfig& a = cfg.amp;
+  r("enabled", a.enabled), r("opt_level", a.opt_level), r("dtype", a.dtype);
+  r("min_loss_scale", a.min_loss_scale), r("max_loss_scale", a.max_loss_scale);
+  r("num_losses", a.num_losses), r("verbosity", a.verbosity);
+  const auto dtype_of = [&](const char* key, std::string& out) {
+    const json* v = r.take(key);
+    if (!v) return;  // null: the level's
+    if (v->is_boolean() && !v->get<bool>()) {
+      out = "none";
+      return;
+    }
+    if (!v->is_string() || amp_dtype_name(v->get<std::string>()).empty())
+      r.fail(key, "must be \"float16\", \"bfloat16\" or \"float32\" (torch.* spellings too), got " + describe(*v));
+    out = amp_dtype_name(v->get<std::string>());
+  };
+  dtype_of("cast_model_type", a.cast_model_type);
+  dtype_of("cast_model_outputs", a.cast_model_outputs);
+  if (a.cast_model_outputs == "none") a.cast_model_outputs.clear();
+  const auto flag = [&](const char* key, std::optional<bool>& out) {
+    const json* v = r.take(key);
+    if (!v) return;
+    if (v->is_boolean()) out = v->get<bool>();
+    else if (v->is_string() && (*v == "True" || *v == "False")) out = *v == "True";  // Apex accepts the strings
+    else r.fail(key, "must be true, false or null, got " + describe(*v));
+  };
+  flag("patch_torch_functions", a.patch_torch_functions);
+  flag("keep_batchnorm_fp32", a.keep_batchnorm_fp32);
+  flag("master_weights", a.master_weights);
+  if (const json* v = r.take("loss_scale")) {
+    if (v->is_string() && *v == "dynamic") a.loss_scale = 0.0;
+    else if (v->is_number() && v->get<double>() > 0 && std::isfinite(v->get<double>())) a.loss_scale = v->get<double>();
+    else r.fail("loss_scale", "must be \"dynamic\" or a number > 0, got " + describe(*v));
+  }
+  r.finish();
+  const std::string& level = a.opt_level;
+  if (level != "O0" && level != "O1" && level != "O2" && level != "O3")
+    r.fail("opt_level", "unexpected optimization level '" + level + "'; options are O0, O1, O2, O3" +
+                            (level.size() == 2 && level[0] == '0' ? " (the prefix is the letter O, not the number zero)" : ""));
+  if (!a.dtype.empty()) {
+    const std::string d = amp_dtype_name(a.dtype);
+    if (d != "float16" && d != "bfloat16") r.fail("dtype", "must be \"float16\" or \"bfloat16\", got \"" + a.dtype + "\"");
+    a.dtype = d;
+    if ((a.cast_model_type == "float16" || a.cast_model_type == "bfloat16") && a.cast_model_type != a.dtype)
+      r.fail("cast_model_type", "is " + a.cast_model_type + " but amp.dtype is " + a.dtype + "; give one half type");
+  }
+  r.at_least("min_loss_scale", a.min_loss_scale, 0.0);  // 0 = none
+  r.above("max_loss_scale", a.max_loss_scale, 0.0);
+  if (a.min_loss_scale > a.max_loss_scale)
+    r.fail("min_loss_scale", cat("(", a.min_loss_scale, ") is above max_loss_scale (", a.max_loss_scale, ")"));
+  if (a.num_losses != 1)
+    r.fail("num_losses", cat("polytrain's Trainer scales one loss per step (forward_step returns one); got ", a.num_losses));
+  r.at_least("verbosity", a.verbosity, int64_t{0});
+  // Apex's Properties rules.
+  const bool o1 = level == "O1";
+  if (o1 && !a.cast_model_type.empty() && a.cast_model_type != "none" && a.cast_model_type != "float32")
+    r.fail("cast_model_type", "O1 inserts casts around torch functions rather than model weights, so the weights stay "
+                              "fp32 with O1; to cast the model use opt_level O2 or O3 (Apex's rule)");
+  if (!o1 && a.patch_torch_functions.value_or(false))
+    r.fail("patch_torch_functions", "true only with opt_level O1 (Apex's rule)");
+  if (o1 && a.keep_batchnorm_fp32)
+    r.fail("keep_batchnorm_fp32", "with O1 normalization runs in fp32 anyway; leave it unset (Apex's rule)");
+  if (o1 && a.master_weights)
+    r.fail("master_weights", "with O1 the model weights themselves are fp32; leave it unset (Apex's rule)");
+  if (!a.enabled) return;
+  // DeepSpeed's rules (runtime/engine.py, runtime/config.py).
+  if (cfg.fp16.enabled || cfg.bf16.enabled)
+    ctx.fail(cat("'amp.enabled' and '", cfg.fp16.enabled ? "fp16" : "bf16",
+                 ".enabled' are both true: cannot enable both amp with (legacy) fp16 or bfloat16 mode (DeepSpeed's rule); "
+                 "amp.opt_level O1 is what fp16 does, with amp.dtype bfloat16 what bf16 does"));
+  if (cfg.zero_optimization.stage > 0)
+    ctx.fail(cat("'amp.enabled' with zero_optimization.stage ", cfg.zero_optimization.stage,
+                 ": amp and ZeRO are not compatible (DeepSpeed's rule); use fp16 or bf16 with ZeRO"));
+}
+
+json write_amp(const AmpConfig& a) {
+  const auto opt = [](const std::optional<bool>& v) { return v ? json(*v) : json(nullptr); };
+  const auto str = [](const std::string& v) { return v.empty() ? json(nullptr) : json(v); };
+  json out = {{"enabled", a.enabled},
+              {"opt_level", a.opt_level},
+              {"dtype", str(a.dtype)},
+              {"cast_model_type", a.cast_model_type == "none" ? json(false) : str(a.cast_model_type)},
+              {"patch_torch_functions", opt(a.patch_torch_functions)},
+              {"keep_batchnorm_fp32", opt(a.keep_batchnorm_fp32)},
+              {"master_weights", opt(a.master_weights)},
+              {"loss_scale", !a.loss_scale ? json(nullptr) : *a.loss_scale == 0.0 ? json("dynamic") : json(*a.loss_scale)},
+              {"cast_model_outputs", str(a.cast_model_outputs)},
+              {"min_loss_scale", a.min_loss_scale},
+              {"max_loss_scale", a.max_loss_scale},
+              {"num_losses", a.num_losses},
+              {"verbosity", a.verbosity}};
+  return out;
 }
 
 void parse_offload(ObjectReader& zr, const char* key, ParseContext& ctx, ZeroOffloadConfig& o, bool param) {
@@ -400,6 +509,7 @@ Config config_from_json(const json& doc, const std::string& origin, int64_t worl
   const json* fp16 = top.take("fp16");
   const json* bf16 = top.take("bf16");
   const json* bfloat16 = top.take("bfloat16");
+  const json* amp = top.take("amp");
   const json* zero = top.take("zero_optimization");
   const json* allgather_size = top.take("allgather_size");
   const json* checkpointing = top.take("activation_checkpointing");
@@ -426,6 +536,7 @@ Config config_from_json(const json& doc, const std::string& origin, int64_t worl
   }
   parse_zero(zero, allgather_size, ctx, cfg.zero_optimization);
   parse_precision(fp16, bf16, bfloat16, ctx, cfg);
+  parse_amp(amp, ctx, cfg);
   if (cfg.fp16.enabled && cfg.fp16.fp16_master_weights_and_grads && cfg.zero_optimization.stage != 2)
     ctx.fail("'fp16.fp16_master_weights_and_grads' needs zero_optimization.stage 2 (DeepSpeed's rule)");
   cfg.activation_checkpointing_present = checkpointing != nullptr;
@@ -492,6 +603,7 @@ json config_to_json(const Config& in) {
     out["scheduler"] = {{"type", c.scheduler.type}, {"params", write(c.scheduler)}};
   out["fp16"] = write(c.fp16);
   out["bf16"] = {{"enabled", c.bf16.enabled}};
+  if (c.source.is_object() && c.source.contains("amp")) out["amp"] = write_amp(c.amp);
   out["gradient_clipping"] = c.gradient_clipping;
   out["steps_per_print"] = c.steps_per_print;
   out["wall_clock_breakdown"] = c.wall_clock_breakdown;
@@ -528,6 +640,34 @@ void warn_ignored_keys(const Config& cfg) {
   for (const auto& key : cfg.ignored_keys) list += (list.empty() ? "" : ", ") + key;
   std::fprintf(stderr, "warning: DeepSpeed config keys polytrain does not implement are ignored: %s\n",
                list.c_str());
+}
+
+AmpPlan amp_plan(const AmpConfig& a) {
+  AmpPlan p;
+  if (!a.enabled) return p;
+  p.enabled = true;
+  // Apex's levels (apex/amp/frontend.py): O0 fp32; O1 patched functions (autocast), dynamic
+  // scale; O2 half model, fp32 normalization, fp32 master weights, dynamic scale; O3 all half.
+  const std::string& l = a.opt_level;
+  std::string cast = l == "O0" ? "float32" : l == "O1" ? "" : "half";
+  bool patch = l == "O1", keep = l == "O2", master = l == "O2";
+  double scale = l == "O1" || l == "O2" ? 0.0 : 1.0;
+  const bool half_given = a.cast_model_type == "float16" || a.cast_model_type == "bfloat16";
+  p.half = !a.dtype.empty() ? a.dtype : half_given ? a.cast_model_type : "float16";
+  if (!a.cast_model_type.empty()) cast = half_given ? "half" : a.cast_model_type;
+  if (a.patch_torch_functions) patch = *a.patch_torch_functions;
+  if (a.keep_batchnorm_fp32) keep = *a.keep_batchnorm_fp32;
+  if (a.master_weights) master = *a.master_weights;
+  if (a.loss_scale) scale = *a.loss_scale;
+  p.autocast = patch;
+  p.cast_model = cast == "half";
+  p.keep_norm_fp32 = p.cast_model && keep;
+  p.master_weights = p.cast_model && master;  // fp32 copies of fp32 weights would change nothing
+  p.loss_scale = scale;
+  p.min_loss_scale = a.min_loss_scale;
+  p.max_loss_scale = a.max_loss_scale;
+  p.outputs = !a.cast_model_outputs.empty() ? a.cast_model_outputs : p.cast_model ? "float32" : "";
+  return p;
 }
 
 }  // namespace polytrain

@@ -94,6 +94,42 @@ struct Bf16Config {
   bool enabled = false;
 };
 
+/// `amp` block: NVIDIA Apex's amp.initialize arguments, as DeepSpeed hands them over
+/// ({"enabled": true, "opt_level": "O2", ...}). Unset properties take the level's value
+/// (amp_plan). `dtype` is polytrain's: the half type (float16 needs CUDA; bfloat16 runs on CPU).
+struct AmpConfig {
+  bool enabled = false;
+  std::string opt_level = "O1";                ///< O0, O1, O2, O3
+  std::string dtype;                           ///< "" = cast_model_type's half type, else float16
+  std::string cast_model_type;                 ///< "" = the level's; float16, bfloat16, float32 or "none"
+  std::optional<bool> patch_torch_functions;   ///< autocast around the forward
+  std::optional<bool> keep_batchnorm_fp32;     ///< normalization layers stay fp32 in a half model
+  std::optional<bool> master_weights;          ///< fp32 copies the optimizer updates
+  std::optional<double> loss_scale;            ///< 0 = "dynamic"
+  std::string cast_model_outputs;              ///< "" = float32 when the model is cast, else as is
+  double min_loss_scale = 0.0;                 ///< 0 = none (Apex's None)
+  double max_loss_scale = 16777216.0;          ///< 2^24, Apex's default
+  int64_t num_losses = 1;
+  int64_t verbosity = 1;
+};
+
+/// What an `amp` block means once the level's defaults are applied (Apex's Properties).
+struct AmpPlan {
+  bool enabled = false;
+  std::string half = "float16";  ///< float16 or bfloat16
+  bool autocast = false;         ///< patch_torch_functions: the forward runs under autocast
+  bool cast_model = false;       ///< trainable weights in `half` (O2, O3)
+  bool keep_norm_fp32 = false;   ///< ... except normalization layers
+  bool master_weights = false;   ///< the optimizer updates fp32 copies (O2)
+  double loss_scale = 1.0;       ///< 0 = dynamic (from 2^16, window 2000, no hysteresis: Apex's)
+  double min_loss_scale = 0.0;   ///< 0 = none
+  double max_loss_scale = 16777216.0;
+  std::string outputs;           ///< the model outputs' dtype ("" = as computed)
+};
+
+/// The plan for `amp` (validated by config_from_json: any combination it accepts has one).
+AmpPlan amp_plan(const AmpConfig& amp);
+
 /// `zero_optimization` block: all keys parsed and validated now; used by the deepspeed backend.
 struct ZeroOffloadConfig {
   std::string device = "none";  ///< none, cpu, nvme
@@ -264,6 +300,7 @@ struct Config {
   SchedulerConfig scheduler;
   Fp16Config fp16;
   Bf16Config bf16;
+  AmpConfig amp;
   double gradient_clipping = 0.0;  ///< 0 = off
   /// DeepSpeed's print interval: when given and trainer.log_interval is not, it sets log_interval.
   int64_t steps_per_print = 10;

@@ -44,7 +44,6 @@ struct IgnoredKey {
 // DeepSpeed keys (deepspeed/runtime/constants.py, config.py and the modules it reads) that
 // polytrain accepts and does not implement, with DeepSpeed's default.
 inline const std::vector<IgnoredKey> kTopLevelIgnored = {
-    {"amp", nullptr},
     {"communication_data_type", "null"},
     {"seq_parallel_comm_data_type", "\"fp32\""},
     {"seq_parallel_communication_data_type", "\"fp32\""},

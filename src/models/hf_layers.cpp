@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include "polytrain/common/autocast.h"
 #include "polytrain/common/error.h"
 #include "polytrain/models/tp_layers.h"
 
@@ -21,7 +22,12 @@ at::Tensor hf_activation(const std::string& a, const at::Tensor& x, const char* 
 
 at::Tensor norm_in_weight_dtype(torch::nn::LayerNorm& ln, const at::Tensor& x) {
   const auto t = ln->weight.scalar_type();
-  return ln(x.scalar_type() == t ? x : x.to(t));
+  if (x.scalar_type() == t) return ln(x);
+  // Under autocast the fp32 result goes on (autocast casts it where needed); in a model cast to
+  // half with its normalization layers kept fp32 (amp O2), the result returns to the
+  // activations' type, as Apex's fp32 BatchNorm does.
+  if (autocast_type(x.device().type())) return ln(x.to(t));
+  return ln(x.to(t)).to(x.scalar_type());
 }
 
 void init_hf_weights(torch::nn::Module& model, double std) {

@@ -10,6 +10,7 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/torch.h>
 
+#include "polytrain/common/autocast.h"
 #include "polytrain/common/error.h"
 #include "polytrain/models/hf_layers.h"
 #include "polytrain/models/hf_pretrained.h"
@@ -81,6 +82,8 @@ at::Tensor T5LayerNormImpl::forward(const at::Tensor& x) {
   auto variance = x.to(at::kFloat).pow(2).mean(-1, /*keepdim=*/true);
   auto h = x * torch::rsqrt(variance + eps_);
   if (weight.scalar_type() == at::kHalf || weight.scalar_type() == at::kBFloat16) h = h.to(weight.scalar_type());
+  // An fp32 norm in a model cast to half (amp O2): the result in the activations' type.
+  else if (x.scalar_type() != h.scalar_type() && !autocast_type(x.device().type())) return (weight * h).to(x.scalar_type());
   return weight * h;
 }
 

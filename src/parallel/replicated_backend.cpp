@@ -7,6 +7,7 @@
 #include <torch/serialize/archive.h>
 
 #include "polytrain/common/error.h"
+#include "polytrain/parallel/amp.h"
 #include "polytrain/trainer/checkpoint.h"
 #include "polytrain/trainer/optimizers.h"
 
@@ -48,20 +49,89 @@ int64_t ReplicatedBackend::next_micro_batch(int64_t micro_steps_done, int64_t /*
 void ReplicatedBackend::build(std::shared_ptr<torch::nn::Module> model, const Config& cfg) {
   model_ = std::move(model);
   model_->to(ctx_.device);
+  const AmpPlan amp = amp_plan(cfg.amp);
   NamedParams named;
   for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
     if (!item.value().requires_grad()) continue;
-    named.emplace_back(item.key(), item.value());
     params_.push_back(item.value());
     names_.push_back(item.key());
+  }
+  if (amp.master_weights) {  // the fp32 weights as they are now, before the cast rounds them
+    torch::NoGradGuard no_grad;
+    for (const auto& p : params_) masters_.push_back(p.detach().clone().requires_grad_(true));
+  }
+  if (amp.cast_model) cast_model_for_amp(*model_, amp_scalar_type(amp.half), amp.keep_norm_fp32);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!masters_.empty() && params_[i].scalar_type() == masters_[i].scalar_type()) masters_[i] = params_[i];
+    named.emplace_back(names_[i], masters_.empty() ? params_[i] : masters_[i]);
   }
   optimizer_ = make_optimizer(cfg.optimizer, split_by_decay(cfg.optimizer, named));
 }
 
 StepResult ReplicatedBackend::update(const StepRequest& request, int64_t step) {
-  return step_result(apply_update(params_, *optimizer_, update_options(request, clip_), norm_reduce_,
-                                  norm_params_ ? &*norm_params_ : nullptr),
-                     step, global_batch_);
+  if (masters_.empty())
+    return step_result(apply_update(params_, *optimizer_, update_options(request, clip_), norm_reduce_,
+                                    norm_params_ ? &*norm_params_ : nullptr),
+                       step, global_batch_);
+  // Master weights: the half gradients (already reduced) into fp32, the update on the masters,
+  // the result rounded back into the model.
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    at::Tensor& m = masters_[i];
+    if (m.is_same(params_[i])) continue;
+    const at::Tensor& g = params_[i].grad();
+    if (!g.defined()) m.mutable_grad() = at::Tensor();
+    else if (!m.grad().defined()) m.mutable_grad() = g.to(at::kFloat);
+    else m.mutable_grad().copy_(g);
+  }
+  std::optional<std::vector<at::Tensor>> norm_masters;
+  if (norm_params_) {
+    norm_masters.emplace();
+    size_t i = 0;  // norm_params_ is a subsequence of params_
+    for (const auto& p : *norm_params_) {
+      while (i < params_.size() && !params_[i].is_same(p)) ++i;
+      PT_CHECK(i < params_.size(), "amp: a norm parameter is not a trainable parameter");
+      norm_masters->push_back(masters_[i]);
+    }
+  }
+  const UpdateOutcome u = apply_update(masters_, *optimizer_, update_options(request, clip_), norm_reduce_,
+                                       norm_masters ? &*norm_masters : nullptr);
+  if (u.applied)
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (!masters_[i].is_same(params_[i])) params_[i].detach().copy_(masters_[i]);
+  return step_result(u, step, global_batch_);
+}
+
+void ReplicatedBackend::zero_grads() {
+  optimizer_->zero_grad();
+  if (masters_.empty()) return;
+  for (auto& p : params_)
+    if (p.grad().defined()) p.mutable_grad().zero_();
+}
+
+NamedTensors ReplicatedBackend::state_with_masters(torch::nn::Module& model) const {
+  NamedTensors state = module_state(model);
+  if (masters_.empty()) return state;
+  for (auto& [name, t] : state)
+    for (size_t i = 0; i < names_.size(); ++i)
+      if (names_[i] == name) t = masters_[i].detach();
+  return state;
+}
+
+void ReplicatedBackend::load_masters(const NamedTensors& state) {
+  if (masters_.empty()) return;
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, t] : state)
+    for (size_t i = 0; i < names_.size(); ++i)
+      if (names_[i] == name && !masters_[i].is_same(params_[i])) masters_[i].copy_(t);
+}
+
+NamedTensors ReplicatedBackend::full_state(torch::nn::Module& model) { return state_with_masters(model); }
+
+void ReplicatedBackend::load_full_state(torch::nn::Module& model, const NamedTensors& state,
+                                        const std::string& origin) {
+  Backend::load_full_state(model, state, origin);
+  load_masters(state);
 }
 
 void ReplicatedBackend::save_shard(torch::serialize::OutputArchive& archive) { optimizer_->save(archive); }

@@ -25,15 +25,25 @@ class ReplicatedBackend : public Backend {
   bool writes_shard() const override { return ctx_.rank == 0; }
   void save_shard(torch::serialize::OutputArchive& archive) override;
   void load_shards(ShardReader& reader) override;
+  /// With amp master weights: the model with the fp32 masters in place of the half weights.
+  NamedTensors full_state(torch::nn::Module& model) override;
+  void load_full_state(torch::nn::Module& model, const NamedTensors& state, const std::string& origin) override;
 
  protected:
   explicit ReplicatedBackend(const Config& cfg);
-  /// Moves the model to the device and builds the optimizer over its trainable parameters
-  /// (params_ / names_ in registration order).
+  /// Moves the model to the device, applies the `amp` block's cast (O2 / O3) and builds the
+  /// optimizer over its trainable parameters (params_ / names_ in registration order), or over
+  /// their fp32 master copies when the plan has master weights (O2).
   void build(std::shared_ptr<torch::nn::Module> model, const Config& cfg);
   /// The shared update over identical gradients (no norm reduction: every rank has all of
   /// them) for the step after `step`. Gradients are left for the caller to clear.
   StepResult update(const StepRequest& request, int64_t step);
+  /// The optimizer's gradients and the model's (they differ under master weights) set to zero.
+  void zero_grads();
+  /// module_state(model) with each master-weighted parameter replaced by its fp32 master.
+  NamedTensors state_with_masters(torch::nn::Module& model) const;
+  /// After the model loaded `state`: the masters take its values at full precision.
+  void load_masters(const NamedTensors& state);
 
   RankContext ctx_;
   int64_t micro_ = 1;
@@ -48,6 +58,9 @@ class ReplicatedBackend : public Backend {
   /// rank counts toward the norm and the sum over the ranks that hold the other parts.
   SquaredNormReducer norm_reduce_;
   std::optional<std::vector<at::Tensor>> norm_params_;
+  /// amp master weights (O2): masters_[i] is the fp32 copy of params_[i] the optimizer
+  /// updates, or params_[i] itself where that is fp32 already (a normalization layer).
+  std::vector<at::Tensor> masters_;
 };
 
 /// Parses trainer.pytorch_device ("cpu", "cuda", "cuda:N"); InputError when CUDA is asked for

@@ -19,10 +19,11 @@ std::string num(double v) {
 }
 }  // namespace
 
-LossScaler::LossScaler(const Fp16Config& cfg)
+LossScaler::LossScaler(const Fp16Config& cfg, double max_scale)
     : dynamic_(cfg.loss_scale == 0.0),
       cur_scale_(dynamic_ ? std::ldexp(1.0, cfg.initial_scale_power) : cfg.loss_scale),
       min_scale_(cfg.min_loss_scale),
+      max_scale_(max_scale),
       scale_window_(cfg.loss_scale_window),
       delayed_shift_(cfg.hysteresis),
       consecutive_hysteresis_(cfg.consecutive_hysteresis),
@@ -50,7 +51,7 @@ std::string LossScaler::update(bool overflow) {
     if (consecutive_hysteresis_) cur_hysteresis_ = delayed_shift_;
     if ((cur_iter_ - last_overflow_iter_) % scale_window_ == 0) {
       if (!consecutive_hysteresis_) cur_hysteresis_ = delayed_shift_;
-      cur_scale_ *= kScaleFactor;
+      cur_scale_ = std::min(cur_scale_ * kScaleFactor, max_scale_);
     }
   }
   ++cur_iter_;

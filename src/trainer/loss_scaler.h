@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include <nlohmann/json_fwd.hpp>
@@ -20,7 +21,8 @@ struct Fp16Config;
 
 class LossScaler {
  public:
-  explicit LossScaler(const Fp16Config& cfg);
+  /// `max_scale`: the dynamic scale never grows above it (Apex's max_loss_scale; DeepSpeed has none).
+  explicit LossScaler(const Fp16Config& cfg, double max_scale = std::numeric_limits<double>::infinity());
 
   double scale() const { return cur_scale_; }
   bool dynamic() const { return dynamic_; }
@@ -39,6 +41,7 @@ class LossScaler {
   bool dynamic_;
   double cur_scale_;
   double min_scale_;
+  double max_scale_;
   int64_t scale_window_;
   int delayed_shift_;
   bool consecutive_hysteresis_;

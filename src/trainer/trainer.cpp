@@ -30,6 +30,7 @@
 #include "polytrain/data/sample_order.h"
 #include "polytrain/models/activation_checkpoint.h"
 #include "polytrain/models/safetensors.h"
+#include "polytrain/parallel/amp.h"
 #include "polytrain/parallel/backend.h"
 #include "polytrain/trainer/checkpoint.h"
 #include "polytrain/trainer/experiment.h"
@@ -57,11 +58,41 @@ std::string fmt(const char* f, double v) {
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
 // fp16 / bf16 (DeepSpeed's `fp16.enabled` / `bf16.enabled`): the forward runs under autocast in
-// that type; parameters, gradients and optimizer state stay fp32 (the master weights).
+// that type; parameters, gradients and optimizer state stay fp32 (the master weights). `amp`
+// (Apex's levels): autocast where the plan patches functions (O1); O2 / O3 cast the model
+// itself (the backend's build, parallel/amp.h).
 std::unique_ptr<AutocastGuard> maybe_autocast(const Config& cfg, const c10::Device& device) {
   if (cfg.fp16.enabled) return std::make_unique<AutocastGuard>(device.type(), c10::kHalf);
   if (cfg.bf16.enabled) return std::make_unique<AutocastGuard>(device.type(), c10::kBFloat16);
+  if (cfg.amp.enabled) {
+    const AmpPlan amp = amp_plan(cfg.amp);
+    if (amp.autocast) return std::make_unique<AutocastGuard>(device.type(), amp_scalar_type(amp.half));
+  }
   return nullptr;
+}
+
+// Apex's output caster: a cast model's outputs in fp32 (or amp.cast_model_outputs).
+void cast_outputs(const Config& cfg, ModelOutput& out) {
+  if (!cfg.amp.enabled) return;
+  const std::string dtype = amp_plan(cfg.amp).outputs;
+  if (dtype.empty()) return;
+  const c10::ScalarType t = amp_scalar_type(dtype);
+  for (at::Tensor* x : {&out.loss, &out.logits, &out.hidden_states})
+    if (x->defined() && x->is_floating_point() && x->scalar_type() != t) *x = x->to(t);
+}
+
+// What the amp block does, for the log.
+std::string describe_amp(const AmpPlan& a, const std::string& level) {
+  std::string s = "amp " + level + ": ";
+  if (a.cast_model)
+    s += a.half + " weights" + (a.keep_norm_fp32 ? " (normalization layers fp32)" : "") +
+         (a.master_weights ? ", fp32 master weights in the optimizer" : ", optimizer on the " + a.half + " weights");
+  else
+    s += "fp32 weights";
+  if (a.autocast) s += ", " + a.half + " autocast";
+  s += a.loss_scale == 0.0 ? ", dynamic loss scale" : a.loss_scale == 1.0 ? ", no loss scaling" : ", static loss scale " + fmt("%g", a.loss_scale);
+  if (!a.outputs.empty()) s += ", outputs " + a.outputs;
+  return s;
 }
 
 at::Tensor cpu_rng_state() {
@@ -131,7 +162,9 @@ EvalResult Trainer::evaluate(torch::nn::Module& model, const BatchSource& eval_d
     for (int64_t k = 0; k < micro; ++k) idx[k] = i * micro + k;
     auto batch = eval_data.make_batch(idx, 0).to(ctx.device);
     auto autocast = maybe_autocast(cfg_, ctx.device);
-    sum += forward_step(batch, model).loss.item<double>();
+    ModelOutput out = forward_step(batch, model);
+    cast_outputs(cfg_, out);
+    sum += out.loss.item<double>();
     ++mine;
     fault_point("eval");
   }
@@ -230,6 +263,25 @@ void Trainer::setup(const std::shared_ptr<torch::nn::Module>& model, const Batch
   PT_INPUT_CHECK(!cfg_.fp16.enabled || ctx.device.is_cuda(),
                  "fp16.enabled needs a CUDA device (trainer.pytorch_device cuda); on CPU use bf16.enabled");
   if (cfg_.fp16.enabled) scaler_.emplace(cfg_.fp16);
+  const AmpPlan amp = amp_plan(cfg_.amp);
+  if (amp.enabled) {
+    PT_INPUT_CHECK(amp.half != "float16" || ctx.device.is_cuda(),
+                   "amp: float16 needs a CUDA device (trainer.pytorch_device cuda); on CPU set amp.dtype to \"bfloat16\"");
+    PT_INPUT_CHECK(opts.env_type != "deepspeed",
+                   "amp with env_type deepspeed: ZeRO keeps its own fp32 master weights; amp runs with env_type pytorch, "
+                   "pytorchDDP or deepspeed+mpu (at zero_optimization.stage 0, pytorchDDP is the same data parallelism), "
+                   "or use fp16 / bf16 with deepspeed");
+    PT_INPUT_CHECK(opts.env_type != "hivemind", "amp is not implemented for env_type hivemind; use fp16 or bf16");
+    if (amp.loss_scale != 1.0) {  // Apex's scaler: 2^16 (at most max_loss_scale), window 2000, no hysteresis
+      Fp16Config s;
+      s.loss_scale = amp.loss_scale;
+      s.initial_scale_power = static_cast<int>(std::floor(std::log2(std::min(65536.0, amp.max_loss_scale))));
+      s.loss_scale_window = 2000;
+      s.hysteresis = 1;
+      s.min_loss_scale = amp.min_loss_scale;
+      scaler_.emplace(s, amp.max_loss_scale);
+    }
+  }
   if (opts.checkpoint_activations || cfg_.activation_checkpointing_present) {
     auto* ac = dynamic_cast<ActivationCheckpointing*>(model.get());
     PT_INPUT_CHECK(ac, "activation checkpointing (trainer.checkpoint_activations or an activation_checkpointing "
@@ -244,6 +296,7 @@ void Trainer::setup(const std::shared_ptr<torch::nn::Module>& model, const Batch
   // Every rank writes into the same checkpoint folder; only the folder's creator knows its name.
   save_dir_ = opts.save_dir.empty() ? b.share((fs::path(experiment_dir_) / "checkpoints").string()) : opts.save_dir;
   metrics_ = std::make_unique<MetricsLogger>(cfg_, experiment_dir_, ctx.writes_logs);
+  if (amp.enabled) metrics_->print_line(describe_amp(amp, cfg_.amp.opt_level));
   model->train();
   schedule_ = make_lr_schedule(cfg_.scheduler, cfg_.optimizer.lr);
 }
@@ -311,6 +364,7 @@ StepResult Trainer::train_step(torch::nn::Module& model, const BatchSource& data
       auto autocast = maybe_autocast(cfg_, device);
       out = forward_step(batch, model);
     }
+    cast_outputs(cfg_, out);
     PT_CHECK(out.loss.defined(), "forward_step returned no loss");
     interval_ms_[1] += ms_since(t0);
     t0 = Clock::now();

@@ -30,8 +30,11 @@ DdpBackend::~DdpBackend() {
 }
 
 void DdpBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Config& cfg) {
+  // Every rank starts from rank 0's weights, broadcast before build() so that amp's fp32
+  // master weights are copies of rank 0's too.
+  model->to(ctx_.device);
+  broadcast_module_state(*comm_, *model);
   build(std::move(model), cfg);
-  broadcast_module_state(*comm_, *model_);  // every rank starts from rank 0's weights
   buckets_ = std::make_unique<GradBuckets>(params_, names_, bucket_bytes_, [this](size_t b) {
     if (overlap_) launch(b);
   });

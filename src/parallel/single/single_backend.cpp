@@ -17,7 +17,7 @@ void SingleBackend::backward(const at::Tensor& loss, const MicroStep& /*m*/) { l
 
 StepResult SingleBackend::step(const StepRequest& request, int64_t step) {
   StepResult r = update(request, step);
-  optimizer_->zero_grad();
+  zero_grads();
   return r;
 }
 

@@ -81,7 +81,7 @@ std::string TensorParallelBackend::share(const std::string& value) {
 }
 
 NamedTensors TensorParallelBackend::full_state(torch::nn::Module& model) {
-  NamedTensors state = module_state(model);
+  NamedTensors state = state_with_masters(model);
   for (auto& [name, t] : state)
     if (sharding_ && sharding_->is_sharded(name)) t = sharding_->gather(name, t, *tp_);
   return state;
@@ -93,6 +93,7 @@ void TensorParallelBackend::load_full_state(torch::nn::Module& model, const Name
   for (const auto& [name, t] : state)
     mine.emplace_back(name, sharding_ && sharding_->is_sharded(name) ? sharding_->slice(name, t, origin) : t);
   load_module_state(model, mine, origin);
+  load_masters(mine);
 }
 
 void TensorParallelBackend::save_shard(torch::serialize::OutputArchive& archive) {
