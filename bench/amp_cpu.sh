@@ -35,9 +35,9 @@ PY
   /usr/bin/time -f "%M" -o "$tmp/$level.rss" "$BUILD/train_bert" --config "$tmp/$level.json" --no_progress_bar \
     --experiments_dir "$tmp/exp" > "$tmp/$level.log"
   ms=$(awk '/^step /{for(i=1;i<=NF;i++) if($i=="ms/step") v=$(i-1)} END{print v}' "$tmp/$level.log")
-  loss=$(awk '/^step /{for(i=1;i<=NF;i++) if($i=="loss") v=$(i+1)} END{print v}' "$tmp/$level.log")
+  loss=$(awk '/^step /{for(i=1;i<=NF;i++) if($i=="loss" && $(i+1)!="scale") v=$(i+1)} END{print v}' "$tmp/$level.log")
   [[ $level == fp32 ]] && base_ms=$ms
-  case $level in fp32|bf16|O1) bytes="4+4+0+8 = 16";; O2) bytes="2+2+4+8 = 16 (LayerNorm 4+4+0+8)";; O3) bytes="2+2+0+4 = 8";; esac
+  case $level in fp32|bf16|O1) bytes="4+4+0+8 = 16";; O2) bytes="2+2+4+8 = 16, +4 fp32 gradient during the update";; O3) bytes="2+2+0+4 = 8";; esac
   printf "%-6s %10s %8s %12s %10s  %s\n" "$level" "$ms" "$(awk -v a="$ms" -v b="$base_ms" 'BEGIN{printf "%.3f", a/b}')" \
     "$(awk '{printf "%.0f", $1/1024}' "$tmp/$level.rss")" "$loss" "$bytes"
 done

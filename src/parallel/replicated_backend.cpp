@@ -80,9 +80,7 @@ StepResult ReplicatedBackend::update(const StepRequest& request, int64_t step) {
     at::Tensor& m = masters_[i];
     if (m.is_same(params_[i])) continue;
     const at::Tensor& g = params_[i].grad();
-    if (!g.defined()) m.mutable_grad() = at::Tensor();
-    else if (!m.grad().defined()) m.mutable_grad() = g.to(at::kFloat);
-    else m.mutable_grad().copy_(g);
+    m.mutable_grad() = g.defined() ? g.to(at::kFloat) : at::Tensor();
   }
   std::optional<std::vector<at::Tensor>> norm_masters;
   if (norm_params_) {
@@ -96,9 +94,13 @@ StepResult ReplicatedBackend::update(const StepRequest& request, int64_t step) {
   }
   const UpdateOutcome u = apply_update(masters_, *optimizer_, update_options(request, clip_), norm_reduce_,
                                        norm_masters ? &*norm_masters : nullptr);
-  if (u.applied)
-    for (size_t i = 0; i < params_.size(); ++i)
-      if (!masters_[i].is_same(params_[i])) params_[i].detach().copy_(masters_[i]);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (masters_[i].is_same(params_[i])) continue;
+    if (u.applied) params_[i].detach().copy_(masters_[i]);
+    // The fp32 gradient lives only through the update: backward, where activations peak,
+    // holds half gradients, half weights, fp32 masters and Adam state (16 bytes a parameter).
+    masters_[i].mutable_grad() = at::Tensor();
+  }
   return step_result(u, step, global_batch_);
 }
 
