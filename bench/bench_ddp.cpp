@@ -6,9 +6,16 @@
 //   bench_ddp comm
 //     all_reduce bus bandwidth of the communicator the environment selects (gloo, or mpi
 //     under mpirun) at 1, 16 and 64 MB, next to this machine's memcpy bandwidth.
+//   bench_ddp ceiling N
+//     the hardware's ceiling for the same all-reduces among N ranks of this host (no launcher):
+//     N threads over N buffers in one address space, each averaging its slice of every buffer
+//     and writing it back into all of them, next to memcpy with N threads copying at once.
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -114,6 +121,78 @@ int bench_comm() {
   return 0;
 }
 
+// A sense-reversing spin barrier for `n` threads (each on its own core here).
+class SpinBarrier {
+ public:
+  explicit SpinBarrier(int n) : n_(n) {}
+  void wait(int& generation) {
+    if (arrived_.fetch_add(1) + 1 == n_) {
+      arrived_.store(0);
+      phase_.store(generation + 1);
+    } else {
+      while (phase_.load() == generation) {
+      }
+    }
+    ++generation;
+  }
+
+ private:
+  const int n_;
+  std::atomic<int> arrived_{0}, phase_{0};
+};
+
+// What a single-copy shared-memory all-reduce must move at least: rank r reads slice r of every
+// rank's buffer once and writes the average back into each (no staging copies, no messages).
+// No engine can beat it on this machine; engines are reported against it as well as memcpy.
+int bench_ceiling(int n) {
+  for (int64_t mb : {1, 16, 64}) {
+    const size_t count = static_cast<size_t>(mb) * (1 << 20) / 4;
+    std::vector<std::vector<float>> bufs(n, std::vector<float>(count, 1.0f)), dst(n, std::vector<float>(count));
+    const int iters = mb >= 64 ? 5 : 20;
+    SpinBarrier barrier(n);
+    double reduce_s = 0, copy_s = 0;
+    auto worker = [&](int r) {
+      int gen = 0;
+      const size_t begin = count * r / n, end = count * (r + 1) / n;
+      const float inv = 1.0f / static_cast<float>(n);
+      constexpr size_t kChunk = 4096;
+      alignas(64) float acc[kChunk];
+      for (int round = 0; round < 2; ++round) {  // round 0 warms up
+        barrier.wait(gen);
+        const auto t0 = Clock::now();
+        for (int i = 0; i < iters; ++i) {
+          for (size_t c = begin; c < end; c += kChunk) {  // a chunk in L1: vectorised passes
+            const size_t len = std::min(kChunk, end - c);
+            const float* first = bufs[0].data() + c;
+            for (size_t k = 0; k < len; ++k) acc[k] = first[k];
+            for (int j = 1; j < n; ++j) {
+              const float* b = bufs[j].data() + c;
+              for (size_t k = 0; k < len; ++k) acc[k] += b[k];
+            }
+            for (size_t k = 0; k < len; ++k) acc[k] *= inv;
+            for (int j = 0; j < n; ++j) std::copy(acc, acc + len, bufs[j].data() + c);
+          }
+          barrier.wait(gen);
+        }
+        if (r == 0 && round == 1) reduce_s = seconds_since(t0) / iters;
+      }
+      barrier.wait(gen);  // memcpy with every thread copying its own buffer at once
+      const auto t0 = Clock::now();
+      for (int i = 0; i < iters; ++i) std::copy(bufs[r].begin(), bufs[r].end(), dst[r].begin());
+      barrier.wait(gen);
+      if (r == 0) copy_s = seconds_since(t0) / iters;
+    };
+    std::vector<std::thread> threads;
+    for (int r = 0; r < n; ++r) threads.emplace_back(worker, r);
+    for (auto& t : threads) t.join();
+    const double bytes = static_cast<double>(count) * 4;
+    const double busbw = 2.0 * (n - 1) / n * bytes / reduce_s / 1e9, memcpy_gbs = bytes / copy_s / 1e9;
+    std::printf("ceiling world %d all_reduce %3lld MB: %8.2f ms, bus bandwidth %6.2f GB/s, memcpy %6.2f GB/s, ratio %.3f\n",
+                n, static_cast<long long>(mb), reduce_s * 1e3, busbw, memcpy_gbs, busbw / memcpy_gbs);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -121,6 +200,8 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "step" && argc >= 4) return bench_step(argc, argv);
   if (mode == "comm") return bench_comm();
-  std::fprintf(stderr, "usage: bench_ddp step STEPS MICRO [dense] [bucket_bytes=N] [no_overlap] | bench_ddp comm\n");
+  if (mode == "ceiling" && argc >= 3) return bench_ceiling(std::max(1, std::stoi(argv[2])));
+  std::fprintf(stderr,
+               "usage: bench_ddp step STEPS MICRO [dense] [bucket_bytes=N] [no_overlap] | bench_ddp comm | bench_ddp ceiling N\n");
   return 2;
 }

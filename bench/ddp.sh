@@ -3,7 +3,8 @@
 #  (a) weak scaling: samples/s per rank, 2 ranks x 1 thread vs 1 rank x 1 thread (target >= 0.9);
 #  (b) share of all-reduce time hidden behind backward: 1 - exposed wait with overlap /
 #      exposed wait without overlap (all buckets reduced after backward), same run otherwise;
-#  (c) all_reduce bus bandwidth of each CPU communicator vs this machine's memcpy bandwidth;
+#  (c) all_reduce bus bandwidth of each CPU communicator vs this machine's memcpy bandwidth, and
+#      the ceiling: a single-copy shared-memory all-reduce by 2 threads, measured the same way;
 #  (d) step time vs Python PyTorch DDP over gloo (Debian's python3-torch 1.13), same model,
 #      batch and threads (target <= 0.9x); ours as train_bert runs it (fused LM loss) and with
 #      the dense LM loss Python computes.
@@ -39,6 +40,9 @@ run --num_gpus 2 "$B" comm
 if command -v mpirun >/dev/null; then
   "$L" --launcher openmpi --num_gpus 2 "$B" comm 2>/dev/null | grep -v '^$' || true
 fi
+# The hardware's ceiling for the same all-reduces: 2 threads averaging slices of 2 buffers in
+# one address space (each byte read and written once; no engine can do better here).
+"$B" ceiling 2
 
 echo "== (d) step time vs Python DDP (2 ranks x 1 thread, gloo)"
 ours=$(run --num_gpus 2 "$B" step "$STEPS" "$MICRO" | val ms_per_step)
