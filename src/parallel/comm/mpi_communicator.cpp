@@ -34,6 +34,12 @@ void ensure_initialized() {
   int done = 0;
   MPI_Initialized(&done);
   if (done) return;
+  // Open MPI runs non-blocking collectives in libnbc, whose all-reduce for fewer than 4 ranks
+  // is a binomial tree (each rank moves the whole buffer) whatever the size; its ring
+  // (reduce-scatter, then all-gather: 2 (n-1)/n of it) reached 2.3-2.5x the bus bandwidth at
+  // 16-64 MB on 2 ranks here (bench/ddp.sh). A value the user gives (environment, or mpirun's
+  // --mca / -x, which arrive the same way) wins; other MPIs ignore the variable.
+  setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", /*overwrite=*/0);
   int provided = 0;
   check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
   // Errors come back as return codes (turned into exceptions) rather than aborting the job.
