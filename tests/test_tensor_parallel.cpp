@@ -4,6 +4,8 @@
 // on the per-rank stream reproducible across a restart, the export, and the input errors.
 #include <gtest/gtest.h>
 
+#include <cctype>
+
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -337,6 +339,7 @@ struct TpRun {
   double dropout = 0.0;
   int64_t save_interval = 0;
   bool resume = false;
+  bool amp_o2 = false;  // amp O2 in bf16 (bf16 weights, fp32 master weights)
 };
 
 Config run_config(const fs::path& dir, const TpRun& r) {
@@ -357,6 +360,7 @@ Config run_config(const fs::path& dir, const TpRun& r) {
                 {"experiments_dir", (dir / "exp").string()},
                 {"save_dir", (dir / "ckpt").string()}}}};
   if (r.resume) doc["trainer"]["load_dir"] = (dir / "ckpt").string();
+  if (r.amp_o2) doc["amp"] = {{"enabled", true}, {"opt_level", "O2"}, {"dtype", "bfloat16"}};
   return config_from_json(doc, "test", r.world);
 }
 
@@ -427,6 +431,33 @@ TEST_P(TpContract, Tp2Dp1AndTp2Dp2ReproduceOneProcessOver30Steps) {
   train(family, tp2dp2, TpRun{4, 2});
   expect_same_run(one, tp2, 1e-5, family + " tp2 x dp1");
   expect_same_run(one, tp2dp2, 1e-5, family + " tp2 x dp2");
+}
+
+// amp O2 under tensor parallelism: bf16 weights, fp32 masters over each rank's slices (the
+// norm summed over the TP group). TP 2 follows one process to bf16 rounding (the row-parallel
+// partial sums are added in bf16, in another order).
+TEST_P(TpContract, AmpO2AtTp2FollowsOneProcess) {
+  const std::string family = GetParam();
+  TempDir tmp("tp_amp");
+  const fs::path one = tmp.path / "one", tp2 = tmp.path / "tp2";
+  TpRun a{1, 0}, b{2, 2};
+  a.amp_o2 = b.amp_o2 = true;
+  train(family, one, a);
+  train(family, tp2, b);
+  const auto la = losses(one), lb = losses(tp2);
+  ASSERT_EQ(la.size(), lb.size());
+  double worst = 0;
+  for (size_t i = 0; i < la.size(); ++i) worst = std::max(worst, std::abs(lb[i] / la[i] - 1));
+  std::printf("[tp] %s amp O2: worst relative loss difference tp2 vs one process over %zu steps: %.3g\n", family.c_str(),
+              la.size(), worst);
+  EXPECT_LT(worst, 0.03) << family;
+  EXPECT_LT(la.back(), la.front()) << family << ": the loss went down";
+  for (const auto& [name, t] : load_safetensors((tp2 / "model.safetensors").string())) {
+    std::string lower = name;
+    for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    const bool norm = lower.find("norm") != std::string::npos || lower.find("ln_") != std::string::npos;
+    EXPECT_EQ(t.scalar_type(), norm ? at::kFloat : at::kBFloat16) << name;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, TpContract, ::testing::Values("gpt2", "bert", "t5"));
