@@ -134,16 +134,8 @@ at::Tensor AlbertModelImpl::forward(const at::Tensor& input_ids, const at::Tenso
   PT_INPUT_CHECK(input_ids.defined() && input_ids.dim() == 2, "input_ids must be [batch, length], got ",
                  input_ids.defined() ? input_ids.sizes() : at::IntArrayRef{});
   auto types = token_type_ids.defined() ? token_type_ids : torch::zeros_like(input_ids);
-  at::Tensor additive;
-  if (attention_mask.defined()) {
-    // [B, L] 1/0 -> [B, 1, 1, L] 0/-10000 in the activations' dtype (HF's extended mask): fp32
-    // under autocast, the model's half type when amp O2 / O3 cast the model.
-    auto m = attention_mask.to(torch::kFloat).unsqueeze(1).unsqueeze(2);
-    additive = (1.0 - m) * -10000.0;
-  }
   auto h = embeddings(input_ids, types);
-  if (additive.defined() && additive.scalar_type() != h.scalar_type()) additive = additive.to(h.scalar_type());
-  return encoder(h, additive);
+  return encoder(h, extended_attention_mask(attention_mask, h.scalar_type()));
 }
 
 at::Tensor AlbertModelImpl::pool(const at::Tensor& hidden) {

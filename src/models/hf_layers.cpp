@@ -30,6 +30,12 @@ at::Tensor norm_in_weight_dtype(torch::nn::LayerNorm& ln, const at::Tensor& x) {
   return ln(x.to(t)).to(x.scalar_type());
 }
 
+at::Tensor extended_attention_mask(const at::Tensor& mask, c10::ScalarType dtype) {
+  if (!mask.defined()) return {};
+  auto m = mask.to(torch::kFloat).unsqueeze(1).unsqueeze(2);
+  return ((1.0 - m) * -10000.0).to(dtype);
+}
+
 void init_hf_weights(torch::nn::Module& model, double std) {
   torch::NoGradGuard no_grad;
   for (auto& m : model.modules(/*include_self=*/false)) {

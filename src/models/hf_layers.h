@@ -21,6 +21,11 @@ at::Tensor hf_activation(const std::string& name, const at::Tensor& x, const cha
 /// CUDA (LibTorch 1.13's CPU kernel rejects a bf16 input with fp32 weights).
 at::Tensor norm_in_weight_dtype(torch::nn::LayerNorm& ln, const at::Tensor& x);
 
+/// HF's extended attention mask: [B, L] 1/0 -> [B, 1, 1, L] 0/-10000 in `dtype`, the
+/// activations' type (fp32 under autocast, the model's half type when amp O2 / O3 cast it);
+/// undefined when `mask` is.
+at::Tensor extended_attention_mask(const at::Tensor& mask, c10::ScalarType dtype);
+
 /// HF's _init_weights over every submodule of `model`: Linear and Embedding weights from
 /// N(0, std) (the padding row zeroed), biases zero, LayerNorm weight 1 and bias 0.
 void init_hf_weights(torch::nn::Module& model, double std);

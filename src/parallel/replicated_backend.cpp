@@ -63,6 +63,7 @@ void ReplicatedBackend::build(std::shared_ptr<torch::nn::Module> model, const Co
   if (amp.cast_model) cast_model_for_amp(*model_, amp_scalar_type(amp.half), amp.keep_norm_fp32);
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!masters_.empty() && params_[i].scalar_type() == masters_[i].scalar_type()) masters_[i] = params_[i];
+    if (!masters_.empty() && !masters_[i].is_same(params_[i])) master_of_[names_[i]] = i;
     named.emplace_back(names_[i], masters_.empty() ? params_[i] : masters_[i]);
   }
   optimizer_ = make_optimizer(cfg.optimizer, split_by_decay(cfg.optimizer, named));
@@ -82,18 +83,17 @@ StepResult ReplicatedBackend::update(const StepRequest& request, int64_t step) {
     const at::Tensor& g = params_[i].grad();
     m.mutable_grad() = g.defined() ? g.to(at::kFloat) : at::Tensor();
   }
-  std::optional<std::vector<at::Tensor>> norm_masters;
-  if (norm_params_) {
-    norm_masters.emplace();
+  if (norm_params_ && !norm_masters_) {  // once: the masters of the parameters counted in the norm
+    norm_masters_.emplace();
     size_t i = 0;  // norm_params_ is a subsequence of params_
     for (const auto& p : *norm_params_) {
       while (i < params_.size() && !params_[i].is_same(p)) ++i;
       PT_CHECK(i < params_.size(), "amp: a norm parameter is not a trainable parameter");
-      norm_masters->push_back(masters_[i]);
+      norm_masters_->push_back(masters_[i]);
     }
   }
   const UpdateOutcome u = apply_update(masters_, *optimizer_, update_options(request, clip_), norm_reduce_,
-                                       norm_masters ? &*norm_masters : nullptr);
+                                       norm_masters_ ? &*norm_masters_ : nullptr);
   for (size_t i = 0; i < params_.size(); ++i) {
     if (masters_[i].is_same(params_[i])) continue;
     if (u.applied) params_[i].detach().copy_(masters_[i]);
@@ -113,19 +113,15 @@ void ReplicatedBackend::zero_grads() {
 
 NamedTensors ReplicatedBackend::state_with_masters(torch::nn::Module& model) const {
   NamedTensors state = module_state(model);
-  if (masters_.empty()) return state;
   for (auto& [name, t] : state)
-    for (size_t i = 0; i < names_.size(); ++i)
-      if (names_[i] == name) t = masters_[i].detach();
+    if (auto it = master_of_.find(name); it != master_of_.end()) t = masters_[it->second].detach();
   return state;
 }
 
 void ReplicatedBackend::load_masters(const NamedTensors& state) {
-  if (masters_.empty()) return;
   torch::NoGradGuard no_grad;
   for (const auto& [name, t] : state)
-    for (size_t i = 0; i < names_.size(); ++i)
-      if (names_[i] == name && !masters_[i].is_same(params_[i])) masters_[i].copy_(t);
+    if (auto it = master_of_.find(name); it != master_of_.end()) masters_[it->second].copy_(t);
 }
 
 NamedTensors ReplicatedBackend::full_state(torch::nn::Module& model) { return state_with_masters(model); }

@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "polytrain/parallel/backend.h"
@@ -61,6 +62,10 @@ class ReplicatedBackend : public Backend {
   /// amp master weights (O2): masters_[i] is the fp32 copy of params_[i] the optimizer
   /// updates, or params_[i] itself where that is fp32 already (a normalization layer).
   std::vector<at::Tensor> masters_;
+  /// Name -> index of the parameters whose master is a copy (not the parameter itself).
+  std::unordered_map<std::string, size_t> master_of_;
+  /// The masters of norm_params_ (built at the first update).
+  std::optional<std::vector<at::Tensor>> norm_masters_;
 };
 
 /// Parses trainer.pytorch_device ("cpu", "cuda", "cuda:N"); InputError when CUDA is asked for

@@ -57,28 +57,34 @@ std::string fmt(const char* f, double v) {
 
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
-// fp16 / bf16 (DeepSpeed's `fp16.enabled` / `bf16.enabled`): the forward runs under autocast in
-// that type; parameters, gradients and optimizer state stay fp32 (the master weights). `amp`
-// (Apex's levels): autocast where the plan patches functions (O1); O2 / O3 cast the model
-// itself (the backend's build, parallel/amp.h).
-std::unique_ptr<AutocastGuard> maybe_autocast(const Config& cfg, const c10::Device& device) {
-  if (cfg.fp16.enabled) return std::make_unique<AutocastGuard>(device.type(), c10::kHalf);
-  if (cfg.bf16.enabled) return std::make_unique<AutocastGuard>(device.type(), c10::kBFloat16);
-  if (cfg.amp.enabled) {
-    const AmpPlan amp = amp_plan(cfg.amp);
-    if (amp.autocast) return std::make_unique<AutocastGuard>(device.type(), amp_scalar_type(amp.half));
-  }
-  return nullptr;
+// The forward's autocast type, resolved once: fp16 / bf16 (DeepSpeed's `fp16.enabled` /
+// `bf16.enabled`: parameters, gradients and optimizer state stay fp32, the master weights), or
+// `amp` where its plan patches functions (O1); O2 / O3 cast the model itself (the backend's
+// build, parallel/amp.h). nullopt: no autocast.
+std::optional<c10::ScalarType> autocast_of(const Config& cfg) {
+  if (cfg.fp16.enabled) return c10::kHalf;
+  if (cfg.bf16.enabled) return c10::kBFloat16;
+  const AmpPlan amp = amp_plan(cfg.amp);
+  if (amp.autocast) return amp_scalar_type(amp.half);
+  return std::nullopt;
 }
 
-// Apex's output caster: a cast model's outputs in fp32 (or amp.cast_model_outputs).
-void cast_outputs(const Config& cfg, ModelOutput& out) {
-  if (!cfg.amp.enabled) return;
+std::unique_ptr<AutocastGuard> maybe_autocast(std::optional<c10::ScalarType> type, const c10::Device& device) {
+  return type ? std::make_unique<AutocastGuard>(device.type(), *type) : nullptr;
+}
+
+// Apex's output caster (a cast model's outputs in fp32, or amp.cast_model_outputs), resolved
+// once; nullopt: outputs as computed.
+std::optional<c10::ScalarType> output_cast_of(const Config& cfg) {
   const std::string dtype = amp_plan(cfg.amp).outputs;
-  if (dtype.empty()) return;
-  const c10::ScalarType t = amp_scalar_type(dtype);
+  if (dtype.empty()) return std::nullopt;
+  return amp_scalar_type(dtype);
+}
+
+void cast_outputs(std::optional<c10::ScalarType> type, ModelOutput& out) {
+  if (!type) return;
   for (at::Tensor* x : {&out.loss, &out.logits, &out.hidden_states})
-    if (x->defined() && x->is_floating_point() && x->scalar_type() != t) *x = x->to(t);
+    if (x->defined() && x->is_floating_point() && x->scalar_type() != *type) *x = x->to(*type);
 }
 
 // What the amp block does, for the log.
@@ -109,7 +115,11 @@ void set_cpu_rng_state(const at::Tensor& state) {
 
 }  // namespace
 
-Trainer::Trainer(Config cfg) : cfg_(std::move(cfg)), best_eval_loss_(std::numeric_limits<double>::quiet_NaN()) {
+Trainer::Trainer(Config cfg)
+    : cfg_(std::move(cfg)),
+      best_eval_loss_(std::numeric_limits<double>::quiet_NaN()),
+      autocast_(autocast_of(cfg_)),
+      output_cast_(output_cast_of(cfg_)) {
   torch::manual_seed(cfg_.trainer.seed);
   // All the CPUs this process may use (affinity, cgroup quota) divided among the processes the
   // launcher started on this host, unless trainer.num_threads or OMP_NUM_THREADS says otherwise.
@@ -161,9 +171,9 @@ EvalResult Trainer::evaluate(torch::nn::Module& model, const BatchSource& eval_d
     std::vector<int64_t> idx(micro);
     for (int64_t k = 0; k < micro; ++k) idx[k] = i * micro + k;
     auto batch = eval_data.make_batch(idx, 0).to(ctx.device);
-    auto autocast = maybe_autocast(cfg_, ctx.device);
+    auto autocast = maybe_autocast(autocast_, ctx.device);
     ModelOutput out = forward_step(batch, model);
-    cast_outputs(cfg_, out);
+    cast_outputs(output_cast_, out);
     sum += out.loss.item<double>();
     ++mine;
     fault_point("eval");
@@ -361,10 +371,10 @@ StepResult Trainer::train_step(torch::nn::Module& model, const BatchSource& data
     Batch batch = data.make_batch(draw.indices, draw.epoch).to(device);
     ModelOutput out;
     {
-      auto autocast = maybe_autocast(cfg_, device);
+      auto autocast = maybe_autocast(autocast_, device);
       out = forward_step(batch, model);
     }
-    cast_outputs(cfg_, out);
+    cast_outputs(output_cast_, out);
     PT_CHECK(out.loss.defined(), "forward_step returned no loss");
     interval_ms_[1] += ms_since(t0);
     t0 = Clock::now();

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include <c10/core/ScalarType.h>
 #include <torch/nn/module.h>
 
 #include "polytrain/common/config.h"
@@ -95,6 +96,8 @@ class Trainer {
   int64_t applied_ = 0;        ///< updates applied: the LR schedule's step
   int64_t skipped_steps_ = 0;  ///< updates skipped for non-finite gradients
   double best_eval_loss_;
+  std::optional<c10::ScalarType> autocast_;     ///< the forward's autocast type (fp16, bf16, amp O1)
+  std::optional<c10::ScalarType> output_cast_;  ///< amp's cast of the model outputs (O2, O3)
   int64_t total_steps_ = 0;
   int64_t epoch_ = 0;          ///< epoch of the last samples read (logged)
   // Log interval accounting:
