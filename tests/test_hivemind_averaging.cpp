@@ -288,6 +288,44 @@ TEST(Wire, FramesLargerThanTheReaderAllowsAndSilentPeersEndWithinTheDeadline) {
   EXPECT_THROW(hm::Connection::connect("127.0.0.1:9", hm::after(1s)), hm::NetError);
 }
 
+TEST(Wire, ReceiveIntoPlacesMatchingFramesAndReturnsOthersWhole) {
+  // The sender: a matching frame, a frame of another type (a refusal), a matching type of the
+  // wrong length, then one larger than the reader accepts for a non-matching frame.
+  hm::Server server("127.0.0.1:0", [&](hm::Connection& c) {
+    std::string head(8, '\0');
+    head[0] = 7;
+    const std::vector<float> body = {1.5f, -2.25f, 3.0f};
+    c.send(11, head, {reinterpret_cast<const char*>(body.data()), body.size() * 4}, hm::after(2s));
+    c.send(13, "no round here", hm::after(2s));
+    c.send(11, std::string(8 + 8, 'y'), hm::after(2s));
+    c.send(13, std::string(5000, 'z'), hm::after(2s));
+    c.receive(hm::after(2s), 16);  // holds the stream open until the reader is done
+  });
+  auto c = hm::Connection::connect(server.address(), hm::after(2s));
+  uint64_t index = 0;
+  float values[3] = {0, 0, 0};
+  hm::Frame other;
+  ASSERT_TRUE(c->receive_into(hm::after(2s), 11, &index, 8, values, sizeof values, other, 4096));
+  EXPECT_EQ(index, 7u);
+  EXPECT_EQ(values[0], 1.5f);
+  EXPECT_EQ(values[1], -2.25f);
+  EXPECT_EQ(values[2], 3.0f);
+  EXPECT_FALSE(c->receive_into(hm::after(2s), 11, &index, 8, values, sizeof values, other, 4096));
+  EXPECT_EQ(other.type, 13);
+  EXPECT_EQ(other.payload, "no round here");
+  EXPECT_FALSE(c->receive_into(hm::after(2s), 11, &index, 8, values, sizeof values, other, 4096));
+  EXPECT_EQ(other.type, 11);
+  EXPECT_EQ(other.payload.size(), 16u);
+  EXPECT_EQ(values[0], 1.5f);  // a frame that does not match leaves the caller's memory alone
+  try {
+    c->receive_into(hm::after(2s), 11, &index, 8, values, sizeof values, other, 4096);
+    ADD_FAILURE() << "a 5000-byte frame was accepted with at most 4096 allowed";
+  } catch (const hm::NetError& e) {
+    EXPECT_EQ(e.kind, hm::NetError::Kind::kProtocol);
+  }
+  c->abort();
+}
+
 namespace {
 
 // A donor peer without a DHT: its server, router and donor.

@@ -18,6 +18,9 @@ size_t chunks_of(size_t len, size_t chunk) { return (len + chunk - 1) / chunk; }
 
 Deadline earliest(Deadline a, Deadline b) { return std::min(a, b); }
 
+// Every element is written before it is read: no zero-filling pass over part-sized buffers.
+std::unique_ptr<float[]> uninitialized(size_t n) { return std::unique_ptr<float[]>(new float[std::max<size_t>(n, 1)]); }
+
 }  // namespace
 
 std::string AllReduceReport::warning() const {
@@ -61,7 +64,7 @@ struct Averager::Round {
   struct Sender {
     State state = State::kWaiting;
     double weight = 0.0;
-    std::vector<float> values;  // decoded part
+    std::unique_ptr<float[]> values;  // decoded part
   };
   std::string group_id;
   size_t self = 0, members = 0, len = 0, chunk = 0;
@@ -72,7 +75,7 @@ struct Averager::Round {
   std::condition_variable cv;
   std::map<size_t, Sender> senders;  // every member but self
   bool averaged = false;
-  std::vector<float> average;
+  std::unique_ptr<float[]> average;
 };
 
 Averager::Averager() = default;
@@ -124,20 +127,29 @@ void Averager::handle(Connection& c, const Frame& hello) {
   auto fail = [&] {
     std::lock_guard<std::mutex> lock(r.mu);
     s->state = Round::State::kFailed;
-    s->values = std::vector<float>();
+    s->values.reset();
     r.cv.notify_all();
   };
-  // Receive the part, chunk by chunk.
-  std::vector<float> values(len);
+  // Receive the part, chunk by chunk (uncompressed chunks straight into place).
+  auto values = uninitialized(len);
   const size_t n_chunks = chunks_of(len, r.chunk);
   try {
+    Frame f;
     for (size_t k = 0; k < n_chunks; ++k) {
-      const size_t lo = k * r.chunk, m = std::min(r.chunk, len - lo);
-      Frame f = c.receive(earliest(after(r.next_chunk), r.deadline), compressed_bytes(r.compression, m) + 8);
+      const size_t lo = k * r.chunk, m = std::min(r.chunk, static_cast<size_t>(len) - lo);
+      const Deadline d = earliest(after(r.next_chunk), r.deadline);
+      if (r.compression == Compression::kNone) {
+        uint64_t index = 0;
+        if (!c.receive_into(d, kMsgChunk, &index, 8, values.get() + lo, m * 4, f, 4096))
+          throw NetError(NetError::Kind::kProtocol, "expected a chunk");
+        if (index != k) throw NetError(NetError::Kind::kProtocol, "chunk out of order");
+        continue;
+      }
+      f = c.receive(d, compressed_bytes(r.compression, m) + 8);
       if (f.type != kMsgChunk) throw NetError(NetError::Kind::kProtocol, "expected a chunk");
       Reader fr(f.payload);
       if (fr.u64() != k) throw NetError(NetError::Kind::kProtocol, "chunk out of order");
-      if (!decompress(r.compression, fr.rest(), values.data() + lo, m))
+      if (!decompress(r.compression, fr.rest(), values.get() + lo, m))
         throw NetError(NetError::Kind::kProtocol, "chunk of the wrong size");
     }
   } catch (const NetError&) {
@@ -164,8 +176,9 @@ void Averager::handle(Connection& c, const Frame& hello) {
       const size_t lo = k * r.chunk, m = std::min(r.chunk, static_cast<size_t>(len) - lo);
       payload.clear();
       put_u64(payload, k);
-      if (r.compression == Compression::kNone) {
-        compress(r.compression, r.average.data() + lo, m, payload);
+      if (r.compression == Compression::kNone) {  // straight from the average
+        c.send(kMsgResult, payload, {reinterpret_cast<const char*>(r.average.get() + lo), m * 4}, after(r.next_chunk));
+        continue;
       } else {
         delta.resize(m);
         for (size_t i = 0; i < m; ++i) delta[i] = r.average[lo + i] - s->values[lo + i];
@@ -176,7 +189,7 @@ void Averager::handle(Connection& c, const Frame& hello) {
   } catch (const NetError&) {
   }
   std::lock_guard<std::mutex> relock(r.mu);
-  s->values = std::vector<float>();
+  s->values.reset();
 }
 
 AllReduceReport Averager::allreduce(const Group& g, float* data, size_t n, double weight, const AllReduceOptions& o) {
@@ -239,23 +252,36 @@ AllReduceReport Averager::allreduce(const Group& g, float* data, size_t n, doubl
           const size_t lo = k * o.chunk_elements, m = std::min(o.chunk_elements, len - lo);
           payload.clear();
           put_u64(payload, k);
+          const Deadline d = earliest(after(o.next_chunk_timeout), deadline);
+          if (o.compression == Compression::kNone) {  // straight from the caller's vector
+            c->send(kMsgChunk, payload, {reinterpret_cast<const char*>(data + off + lo), m * 4}, d);
+            continue;
+          }
           compress(o.compression, data + off + lo, m, payload);
-          c->send(kMsgChunk, payload, earliest(after(o.next_chunk_timeout), deadline));
+          c->send(kMsgChunk, payload, d);
         }
         // The result: the reducer answers once every member delivered (or the deadline).
-        std::vector<float> result(len);
+        auto result = uninitialized(len);
+        Frame f;
         for (size_t k = 0; k < n_chunks; ++k) {
           const size_t lo = k * o.chunk_elements, m = std::min(o.chunk_elements, len - lo);
-          Frame f = c->receive(k == 0 ? deadline : earliest(after(o.next_chunk_timeout), deadline),
-                               compressed_bytes(o.compression, m) + 8 + 4096);
+          const Deadline d = k == 0 ? deadline : earliest(after(o.next_chunk_timeout), deadline);
+          if (o.compression == Compression::kNone) {
+            uint64_t index = 0;
+            if (!c->receive_into(d, kMsgResult, &index, 8, result.get() + lo, m * 4, f, 4096))
+              throw NetError(NetError::Kind::kProtocol, "refused: " + f.payload.substr(0, 200));
+            if (index != k) throw NetError(NetError::Kind::kProtocol, "result chunk out of order");
+            continue;
+          }
+          f = c->receive(d, compressed_bytes(o.compression, m) + 8 + 4096);
           if (f.type != kMsgResult) throw NetError(NetError::Kind::kProtocol, "refused: " + f.payload.substr(0, 200));
           Reader fr(f.payload);
           if (fr.u64() != k) throw NetError(NetError::Kind::kProtocol, "result chunk out of order");
-          if (!decompress(o.compression, fr.rest(), result.data() + lo, m))
+          if (!decompress(o.compression, fr.rest(), result.get() + lo, m))
             throw NetError(NetError::Kind::kProtocol, "result chunk of the wrong size");
         }
         if (o.compression == Compression::kNone) {
-          std::copy(result.begin(), result.end(), data + off);
+          std::copy(result.get(), result.get() + len, data + off);
         } else {
           for (size_t i = 0; i < len; ++i) data[off + i] += result[i];
         }
@@ -281,10 +307,9 @@ AllReduceReport Averager::allreduce(const Group& g, float* data, size_t n, doubl
     while (!settled() && Clock::now() < deadline)  // every change of a sender's state notifies
       r.cv.wait_until(lock, Clock::now() < r.first_contact ? r.first_contact : deadline);
     const size_t off = offsets[g.self];
-    std::vector<double> acc(r.len);
     double total = weight;
     size_t count = 1;
-    for (size_t i = 0; i < r.len; ++i) acc[i] = weight * static_cast<double>(data[off + i]);
+    std::vector<std::pair<double, const float*>> in;  // the senders that delivered all of it
     for (auto& [i, s] : r.senders) {
       if (s.state != Round::State::kComplete) {
         report.excluded_senders.push_back(g.members[i].peer_id);
@@ -292,21 +317,28 @@ AllReduceReport Averager::allreduce(const Group& g, float* data, size_t n, doubl
       }
       total += s.weight;
       ++count;
-      for (size_t k = 0; k < r.len; ++k) acc[k] += s.weight * static_cast<double>(s.values[k]);
+      in.emplace_back(s.weight, s.values.get());
     }
-    r.average.resize(r.len);
-    if (total > 0) {
-      for (size_t k = 0; k < r.len; ++k) r.average[k] = static_cast<float>(acc[k] / total);
-    } else {  // nobody accumulated samples: the plain mean
-      for (size_t k = 0; k < r.len; ++k) {
-        double sum = data[off + k];
-        for (auto& [i, s] : r.senders)
-          if (s.state == Round::State::kComplete) sum += s.values[k];
-        r.average[k] = static_cast<float>(sum / static_cast<double>(count));
-      }
+    // Nobody accumulated samples: the plain mean.
+    const bool plain = !(total > 0);
+    const double w0 = plain ? 1.0 : weight, divisor = plain ? static_cast<double>(count) : total;
+    if (plain)
+      for (auto& e : in) e.first = 1.0;
+    r.average = uninitialized(r.len);
+    float* avg = r.average.get();
+    float* mine = data + off;
+    // In blocks: each input streams once through memory, the sum stays in double, in sender
+    // order, and no part-sized double accumulator is allocated.
+    constexpr size_t kBlock = 2048;
+    double acc[kBlock];
+    for (size_t lo = 0; lo < r.len; lo += kBlock) {
+      const size_t m = std::min(kBlock, r.len - lo);
+      for (size_t k = 0; k < m; ++k) acc[k] = w0 * static_cast<double>(mine[lo + k]);
+      for (const auto& [w, v] : in)
+        for (size_t k = 0; k < m; ++k) acc[k] += w * static_cast<double>(v[lo + k]);
+      for (size_t k = 0; k < m; ++k) mine[lo + k] = avg[lo + k] = static_cast<float>(acc[k] / divisor);
     }
     report.part_weight = total;
-    std::copy(r.average.begin(), r.average.end(), data + off);
     r.averaged = true;
     r.cv.notify_all();
   }

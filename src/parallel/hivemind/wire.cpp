@@ -40,6 +40,18 @@ struct Connection::Impl {
     return n;
   }
 
+  /// Reads a frame's 5-byte header; returns the body length it announces.
+  uint32_t read_header(std::array<uint8_t, 5>& hdr, Deadline deadline) {
+    run(
+        [&](std::error_code& result, size_t& n) {
+          asio::async_read(sock, asio::buffer(hdr), [&](const std::error_code& e, size_t k) { result = e, n = k; });
+        },
+        deadline, "receive from");
+    uint32_t len = 0;
+    std::memcpy(&len, hdr.data(), 4);
+    return len;
+  }
+
   void adopt() {
     fd = sock.native_handle();
     std::error_code ec;
@@ -101,13 +113,7 @@ void Connection::send(uint8_t type, std::string_view head, std::string_view body
 
 Frame Connection::receive(Deadline deadline, size_t max_bytes) {
   std::array<uint8_t, 5> hdr{};
-  impl_->run(
-      [&](std::error_code& result, size_t& n) {
-        asio::async_read(impl_->sock, asio::buffer(hdr), [&](const std::error_code& e, size_t k) { result = e, n = k; });
-      },
-      deadline, "receive from");
-  uint32_t len = 0;
-  std::memcpy(&len, hdr.data(), 4);
+  const uint32_t len = impl_->read_header(hdr, deadline);
   if (len == 0 || len - 1 > max_bytes)
     throw NetError(NetError::Kind::kProtocol, "receive from " + impl_->remote + ": frame of " + std::to_string(len) +
                                                   " bytes (at most " + std::to_string(max_bytes + 1) + " expected)");
@@ -123,6 +129,32 @@ Frame Connection::receive(Deadline deadline, size_t max_bytes) {
         deadline, "receive from");
   received_ += 4 + len;
   return f;
+}
+
+bool Connection::receive_into(Deadline deadline, uint8_t type, void* head, size_t head_len, void* body,
+                              size_t body_len, Frame& other, size_t max_other) {
+  std::array<uint8_t, 5> hdr{};
+  const uint32_t len = impl_->read_header(hdr, deadline);
+  const bool match = len > 0 && hdr[4] == type && uint64_t{len} - 1 == uint64_t{head_len} + body_len;
+  if (!match && (len == 0 || len - 1 > max_other))
+    throw NetError(NetError::Kind::kProtocol, "receive from " + impl_->remote + ": frame of " + std::to_string(len) +
+                                                  " bytes (" + std::to_string(head_len + body_len + 1) + " expected)");
+  std::array<asio::mutable_buffer, 2> bufs;
+  if (match) {
+    bufs = {asio::buffer(head, head_len), asio::buffer(body, body_len)};
+  } else {
+    other.type = hdr[4];
+    other.payload.resize(len - 1);
+    bufs = {asio::buffer(other.payload.data(), other.payload.size()), asio::mutable_buffer()};
+  }
+  if (len > 1)
+    impl_->run(
+        [&](std::error_code& result, size_t& n) {
+          asio::async_read(impl_->sock, bufs, [&](const std::error_code& e, size_t k) { result = e, n = k; });
+        },
+        deadline, "receive from");
+  received_ += 4 + len;
+  return match;
 }
 
 void Connection::abort() {

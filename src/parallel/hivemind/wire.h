@@ -48,6 +48,13 @@ class Connection {
   void send(uint8_t type, std::string_view payload, Deadline deadline) { send(type, payload, {}, deadline); }
   /// Receives one frame; NetError(kProtocol) when its length exceeds max_bytes.
   Frame receive(Deadline deadline, size_t max_bytes);
+  /// Receives one frame straight into caller memory: when it is a `type` frame whose payload is
+  /// exactly head_len + body_len bytes, the first head_len bytes land in `head` and the rest in
+  /// `body` (no allocation, no copy) and it returns true. Any other frame (a refusal, say) of at
+  /// most max_other bytes is returned whole in `other` and it returns false; a longer one is
+  /// NetError(kProtocol).
+  bool receive_into(Deadline deadline, uint8_t type, void* head, size_t head_len, void* body, size_t body_len,
+                    Frame& other, size_t max_other);
   /// Ends the stream from any thread: a pending or later operation fails at once.
   void abort();
   /// "HOST:PORT" of the other side.
