@@ -24,6 +24,7 @@
 #include "helpers/require.h"
 #include "helpers/temp_dir.h"
 #include "polytrain/models/safetensors.h"
+#include "polytrain/trainer/archive_codec.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -57,8 +58,8 @@ struct Swarm : ::testing::Test {
     std::ofstream(dir / "config.json") << c.dump(2);
   }
 
-  std::string base(const std::string& name) const {
-    return kTrainBert + " --config '" + (dir / "config.json").string() +
+  std::string base(const std::string& name, const std::string& config = "config.json") const {
+    return kTrainBert + " --config '" + (dir / config).string() +
            "' --experiment_name " + name + " --save_dir '" + (dir / name).string() + "'";
   }
 
@@ -236,6 +237,87 @@ TEST_F(Swarm, ALateJoinerLoadsTheSwarmsStateFromSeveralDonorsAndEndsIdentical) {
     std::printf("[swarm] the newcomer reloaded past step %d at its end: not compared\n", kCompareAt);
 }
 
+namespace {
+
+// Every parameter's `name` statistic in a checkpoint's optimizer state (shard_0.pt), in order.
+std::vector<at::Tensor> statistics(const fs::path& shard, const std::string& name) {
+  std::ifstream in(shard, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  torch::serialize::InputArchive archive;
+  polytrain::decode_archive(bytes, shard.string(), archive);
+  std::vector<at::Tensor> out;
+  for (int i = 0;; ++i) {
+    torch::serialize::InputArchive one;
+    if (!archive.try_read("s" + std::to_string(i), one)) break;
+    at::Tensor t;
+    one.read(name, t);
+    out.push_back(t);
+  }
+  return out;
+}
+
+}  // namespace
+
+// hivemind's average_opt_statistics: two peers whose AdamW differ only in beta2 (0.98 and 0.9)
+// take one global step on the same averaged gradient g. From a zero state each then holds
+// exp_avg = (1 - beta1) g and exp_avg_sq = (1 - beta2) g^2, so exp_avg_sq / exp_avg^2 is
+// (1 - beta2) / (1 - beta1)^2: 2 and 10 on the two peers. Averaging exp_avg_sq with the
+// parameters makes it 6 on both, with the same bits; without it (the control) they keep 2 and 10.
+TEST_F(Swarm, OptimizerStatisticsAveragedWithTheParametersAreTheSwarmsMean) {
+  {
+    std::ifstream in(dir / "config.json");
+    json c = json::parse(in);
+    c["optimizer"]["params"]["betas"] = {0.9, 0.9};
+    std::ofstream(dir / "config_b.json") << c.dump(2);
+  }
+  auto run = [&](const std::string& tag, const std::string& extra) {
+    const std::string first = "127.0.0.1:" + std::to_string(polytrain::testing::free_port());
+    const std::string run_id = "stats-" + tag + "-" + std::to_string(::getpid());
+    std::vector<std::unique_ptr<OwnProcess>> peers;
+    for (int k = 0; k < 2; ++k) {
+      const std::string name = tag + std::to_string(k);
+      std::string cmd = "OMP_NUM_THREADS=1 exec " + base(name, k == 0 ? "config.json" : "config_b.json") +
+                        " --max_steps 1 --save_interval 1" +
+                        " --env_type hivemind --train_batch_size 16 --train_micro_batch_size_per_gpu 16"
+                        " --target_batch_size 32 --num_streams 2 --stream_index " + std::to_string(k) +
+                        " --expected_peers 2 --run_id " + run_id +
+                        " --matchmaking_time 10 --averaging_timeout 30 --listen " +
+                        (k == 0 ? first + " " : "127.0.0.1:0 --initial_peers " + first + " ") + extra;
+      peers.push_back(std::make_unique<OwnProcess>(cmd, POLYTRAIN_SOURCE_DIR, (dir / (name + ".log")).string()));
+    }
+    ASSERT_TRUE(all_finish(peers, 300)) << tag << ": the 2 peers did not finish in 300 s";
+    for (auto& p : peers) EXPECT_EQ(p->output().find("no averaging group"), std::string::npos) << p->output();
+  };
+  // The ratio exp_avg_sq / exp_avg^2 over the entries where exp_avg is far from rounding.
+  auto ratios = [&](const std::string& name) {
+    const fs::path shard = dir / name / "global_step1" / "shard_0.pt";
+    const auto m = statistics(shard, "exp_avg"), v = statistics(shard, "exp_avg_sq");
+    EXPECT_EQ(m.size(), v.size());
+    EXPECT_GT(m.size(), 10u);
+    std::vector<at::Tensor> r;
+    for (size_t i = 0; i < m.size() && i < v.size(); ++i) {
+      const auto keep = m[i].abs() > 1e-5;
+      r.push_back((v[i].masked_select(keep) / m[i].masked_select(keep).square()));
+    }
+    return torch::cat(r);
+  };
+  run("plain", "");
+  run("avg", "--average_opt_statistics exp_avg_sq");
+  const auto p0 = ratios("plain0"), p1 = ratios("plain1"), a0 = ratios("avg0"), a1 = ratios("avg1");
+  ASSERT_GT(a0.numel(), 1000);
+  std::printf("[swarm] exp_avg_sq / exp_avg^2: control %.4f and %.4f, averaged %.4f and %.4f (median)\n",
+              p0.median().item<double>(), p1.median().item<double>(), a0.median().item<double>(),
+              a1.median().item<double>());
+  EXPECT_LT((p0 - 2.0).abs().max().item<double>(), 0.02);
+  EXPECT_LT((p1 - 10.0).abs().max().item<double>(), 0.1);
+  EXPECT_LT((a0 - 6.0).abs().max().item<double>(), 0.06);
+  const auto s0 = statistics(dir / "avg0" / "global_step1" / "shard_0.pt", "exp_avg_sq");
+  const auto s1 = statistics(dir / "avg1" / "global_step1" / "shard_0.pt", "exp_avg_sq");
+  ASSERT_EQ(s0.size(), s1.size());
+  for (size_t i = 0; i < s0.size(); ++i) EXPECT_TRUE(torch::equal(s0[i], s1[i])) << "parameter " << i;
+  EXPECT_EQ(max_difference(weights("avg0", 1), weights("avg1", 1)), 0.0);
+}
+
 TEST_F(Swarm, InconsistentSettingsAreOneLineErrors) {
   using polytrain::testing::expect_one_line_error;
   using polytrain::testing::run_program;
@@ -246,6 +328,8 @@ TEST_F(Swarm, InconsistentSettingsAreOneLineErrors) {
                         "'hivemind.request_timeout' (20 s) must be shorter than hivemind.matchmaking_time");
   expect_one_line_error(run_program(hm + " --target_batch_size 64 --listen localhost"), "hivemind.listen");
   expect_one_line_error(run_program(hm + " --target_batch_size 64 --compression zstd"), "hivemind.compression");
+  expect_one_line_error(run_program(hm + " --target_batch_size 64 --average_opt_statistics exp_avg,momentum_buffer"),
+                        "'momentum_buffer' is not a statistic of optimizer AdamW (it keeps: exp_avg, exp_avg_sq)");
   expect_one_line_error(run_program(hm + " --target_batch_size 64 --listen 127.0.0.1:0 --initial_peers 127.0.0.1:9 "
                                          "--bootstrap_timeout 1"),
                         "127.0.0.1:9");

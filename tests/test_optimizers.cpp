@@ -307,6 +307,48 @@ TEST(Optimizers, StateByNameSurvivesAnotherParameterOrder) {
   }
 }
 
+// hivemind.average_opt_statistics reads and writes these: each optimizer's per-parameter state
+// by torch.optim's names, the optimizer's own storage (not a copy).
+TEST(Optimizers, StatisticsAreTheStateByTorchsNamesAndShareItsStorage) {
+  struct Case {
+    const char* type;
+    double momentum;
+    std::vector<std::string> names;
+  };
+  const std::vector<Case> cases = {{"AdamW", 0, {"exp_avg", "exp_avg_sq"}}, {"Adam", 0, {"exp_avg", "exp_avg_sq"}},
+                                   {"Lamb", 0, {"exp_avg", "exp_avg_sq"}},  {"CPUAdam", 0, {"exp_avg", "exp_avg_sq"}},
+                                   {"SGD", 0.9, {"momentum_buffer"}},       {"Adagrad", 0, {"sum"}}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.type);
+    OptimizerConfig cfg;
+    cfg.type = c.type;
+    cfg.momentum = c.momentum;
+    EXPECT_EQ(optimizer_statistics(cfg), c.names);
+    auto params = initial_params();
+    auto opt = make_optimizer(cfg, split_by_decay(cfg, params));
+    const at::Tensor& p = params[0].second;
+    if (std::string(c.type) != "Adagrad")  // Adagrad creates its sums with the optimizer
+      EXPECT_FALSE(opt->statistic(p, c.names[0]).defined()) << "a statistic before the first update";
+    for (auto& [n, t] : params) t.mutable_grad() = torch::full_like(t, 0.5);
+    opt->step();
+    for (const auto& name : c.names) {
+      at::Tensor s = opt->statistic(p, name);
+      ASSERT_TRUE(s.defined()) << name;
+      EXPECT_EQ(s.sizes(), p.sizes()) << name;
+      EXPECT_GT(s.abs().sum().item<double>(), 0.0) << name;
+      s.fill_(7.0f);
+      EXPECT_TRUE(torch::equal(opt->statistic(p, name), torch::full_like(p, 7.0f))) << name << " is a copy";
+    }
+    EXPECT_THROW(opt->statistic(p, "exp_avg_sqq"), InputError);
+  }
+  OptimizerConfig plain_sgd;
+  plain_sgd.type = "SGD";
+  EXPECT_TRUE(optimizer_statistics(plain_sgd).empty()) << "SGD without momentum keeps nothing";
+  OptimizerConfig ams;
+  ams.amsgrad = true;
+  EXPECT_EQ(optimizer_statistics(ams), (std::vector<std::string>{"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}));
+}
+
 TEST(Optimizers, RejectsBadConfig) {
   auto params = initial_params();
   auto expect_input_error = [&](OptimizerConfig cfg, const std::string& mentions) {

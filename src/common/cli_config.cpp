@@ -108,6 +108,12 @@ void add_config_flags(CLI::App& app, ConfigFlags& flags) {
          "--initial_peers", [&flags](const std::vector<std::string>& v) { put(flags.overrides, {"hivemind", "initial_peers"}, json(v)); },
          "HOST:PORT[,HOST:PORT...] of peers already in the swarm (hivemind.initial_peers)")
       ->delimiter(',');
+  app.add_option_function<std::vector<std::string>>(
+         "--average_opt_statistics",
+         [&flags](const std::vector<std::string>& v) { put(flags.overrides, {"hivemind", "average_opt_statistics"}, json(v)); },
+         "NAME[,NAME...] optimizer statistics averaged with the parameters, e.g. exp_avg,exp_avg_sq "
+         "(hivemind.average_opt_statistics)")
+      ->delimiter(',');
   add_switch(app, flags, "--client_mode", hm("client_mode"), true,
              "hivemind.client_mode: no inbound connections (behind a firewall or NAT)");
 }

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <utility>
 
@@ -390,6 +391,23 @@ bool host_port_ok(const std::string& s) {
   return true;
 }
 
+}  // namespace
+
+std::vector<std::string> optimizer_statistics(const OptimizerConfig& cfg) {
+  std::string type = cfg.type;
+  std::transform(type.begin(), type.end(), type.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (type == "adam" || type == "adamw" || type == "lamb" || type == "cpuadam") {
+    std::vector<std::string> s = {"exp_avg", "exp_avg_sq"};
+    if (cfg.amsgrad && type != "lamb" && type != "cpuadam") s.push_back("max_exp_avg_sq");
+    return s;
+  }
+  if (type == "sgd") return cfg.momentum > 0 ? std::vector<std::string>{"momentum_buffer"} : std::vector<std::string>{};
+  if (type == "adagrad") return {"sum"};
+  return {};
+}
+
+namespace {
+
 void parse_hivemind(const json* j, ParseContext& ctx, HivemindConfig& h) {
   ObjectReader r(j, "hivemind", ctx);
   visit(r, h);
@@ -568,6 +586,16 @@ Config config_from_json(const json& doc, const std::string& origin, int64_t worl
       ctx.fail(cat("hivemind.target_batch_size (", h.target_batch_size,
                    ") is smaller than this peer's micro-batch train_micro_batch_size_per_gpu (",
                    cfg.batch.train_micro_batch_size_per_gpu, ")"));
+    const auto kept = optimizer_statistics(cfg.optimizer);
+    std::string names;
+    for (const auto& k : kept) names += (names.empty() ? "" : ", ") + k;
+    std::set<std::string> seen;
+    for (const auto& s : h.average_opt_statistics) {
+      if (std::find(kept.begin(), kept.end(), s) == kept.end())
+        ctx.fail(cat("hivemind.average_opt_statistics: '", s, "' is not a statistic of optimizer ", cfg.optimizer.type,
+                     " (it keeps: ", names.empty() ? "none" : names, ")"));
+      if (!seen.insert(s).second) ctx.fail(cat("hivemind.average_opt_statistics: '", s, "' is listed twice"));
+    }
     if (cfg.batch.gradient_accumulation_steps != 1)
       ctx.fail(cat("gradient_accumulation_steps (", cfg.batch.gradient_accumulation_steps,
                    ") has no meaning under env_type 'hivemind': a peer accumulates micro-batches until the swarm "

@@ -44,6 +44,11 @@ struct OptimizerConfig {
   std::vector<std::string> no_decay = {"bias", "LayerNorm", "layer_norm", "ln_"};
 };
 
+/// The per-parameter statistics `cfg`'s optimizer keeps, by the names torch.optim's state uses:
+/// Adam/AdamW/Lamb/CPUAdam exp_avg, exp_avg_sq (+ max_exp_avg_sq with amsgrad); SGD
+/// momentum_buffer (momentum > 0); Adagrad sum.
+std::vector<std::string> optimizer_statistics(const OptimizerConfig& cfg);
+
 /// `scheduler {type, params}` with DeepSpeed's parameter names and defaults.
 struct SchedulerConfig {
   std::string type;  ///< "" = constant lr; WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest
@@ -280,6 +285,9 @@ struct HivemindConfig {
   double bandwidth = 1.0;                 ///< relative share of each average this peer reduces
   std::string compression = "none";       ///< none, fp16, scaled_fp16, uint8
   int64_t average_state_every = 1;        ///< also average parameters every k global steps (0 = never)
+  /// Optimizer statistics averaged with the parameters (hivemind's average_opt_statistics), e.g.
+  /// ["exp_avg", "exp_avg_sq"]; optimizer_statistics() lists those of each optimizer.
+  std::vector<std::string> average_opt_statistics;
   bool offload_optimizer = false;         ///< keep the averaged gradients and the update on a CPU copy
   bool delay_optimizer_step = false;      ///< run the update in the background (one step stale)
   std::string identity_path;              ///< Ed25519 key file ("" = a new identity per start)

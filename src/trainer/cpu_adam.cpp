@@ -531,6 +531,13 @@ class CpuAdam final : public Optimizer {
 
   std::string name() const override { return name_; }
 
+  at::Tensor statistic(const at::Tensor& param, const std::string& name) override {
+    if (name != "exp_avg" && name != "exp_avg_sq") Optimizer::statistic(param, name);  // throws
+    for (auto& s : slots_)
+      if (s.param.unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return name == "exp_avg" ? s.exp_avg : s.exp_avg_sq;
+    return at::Tensor();
+  }
+
   void step() override {
     ++step_;
     cpu_adam::Hyper h;

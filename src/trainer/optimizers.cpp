@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cctype>
 #include <map>
+#include <set>
 #include <unordered_set>
 
 #include <torch/torch.h>
@@ -157,15 +158,37 @@ std::vector<ParamGroup> split_by_decay(const OptimizerConfig& cfg, const NamedPa
   return out;
 }
 
+at::Tensor Optimizer::statistic(const at::Tensor&, const std::string& name) {
+  throw InputError("optimizer " + this->name() + " has no statistic '" + name + "' to average");
+}
+
 namespace {
+
+// The statistics of each libtorch state type, by torch.optim's names.
+at::Tensor statistic_of(const torch::optim::AdamParamState& s, const std::string& n) {
+  return n == "exp_avg" ? s.exp_avg() : n == "exp_avg_sq" ? s.exp_avg_sq() : n == "max_exp_avg_sq" ? s.max_exp_avg_sq() : at::Tensor();
+}
+at::Tensor statistic_of(const torch::optim::AdamWParamState& s, const std::string& n) {
+  return n == "exp_avg" ? s.exp_avg() : n == "exp_avg_sq" ? s.exp_avg_sq() : n == "max_exp_avg_sq" ? s.max_exp_avg_sq() : at::Tensor();
+}
+at::Tensor statistic_of(const LambParamState& s, const std::string& n) {
+  return n == "exp_avg" ? s.exp_avg() : n == "exp_avg_sq" ? s.exp_avg_sq() : at::Tensor();
+}
+at::Tensor statistic_of(const torch::optim::SGDParamState& s, const std::string& n) {
+  return n == "momentum_buffer" ? s.momentum_buffer() : at::Tensor();
+}
+at::Tensor statistic_of(const torch::optim::AdagradParamState& s, const std::string& n) {
+  return n == "sum" ? s.sum() : at::Tensor();
+}
 
 // A libtorch optimizer whose per-parameter state is of type State, saved by parameter name:
 // archive "names" lists them, sub-archive "s<i>" holds parameter i's state (absent: none yet).
 template <typename State>
 class TorchOptimizer final : public Optimizer {
  public:
-  TorchOptimizer(std::string name, std::unique_ptr<torch::optim::Optimizer> opt, std::vector<ParamGroup> groups)
-      : name_(std::move(name)), opt_(std::move(opt)) {
+  TorchOptimizer(const OptimizerConfig& cfg, std::unique_ptr<torch::optim::Optimizer> opt, std::vector<ParamGroup> groups)
+      : name_(cfg.type), opt_(std::move(opt)) {
+    for (auto& n : optimizer_statistics(cfg)) statistic_names_.insert(n);
     for (auto& g : groups)
       for (auto& [n, t] : g.params) params_.emplace_back(n, t);
   }
@@ -179,6 +202,14 @@ class TorchOptimizer final : public Optimizer {
   bool has_beta1() const override { return has_betas(opt_->defaults()); }
   void set_beta1(double beta1) override { polytrain::set_beta1(*opt_, beta1); }
   torch::optim::Optimizer& torch_optimizer() override { return *opt_; }
+
+  at::Tensor statistic(const at::Tensor& param, const std::string& name) override {
+    using Key = typename std::decay_t<decltype(opt_->state())>::key_type;
+    if (!statistic_names_.count(name)) Optimizer::statistic(param, name);  // throws
+    auto it = opt_->state().find(optimizer_state_key<Key>(param));
+    if (it == opt_->state().end()) return at::Tensor();
+    return statistic_of(static_cast<const State&>(*it->second), name);
+  }
 
   void save(torch::serialize::OutputArchive& archive) const override {
     using Key = typename std::decay_t<decltype(opt_->state())>::key_type;
@@ -237,6 +268,7 @@ class TorchOptimizer final : public Optimizer {
   std::string name_;
   std::unique_ptr<torch::optim::Optimizer> opt_;
   NamedParams params_;
+  std::set<std::string> statistic_names_;
 };
 
 }  // namespace
@@ -246,13 +278,13 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, std::vecto
   if (type == "cpuadam") return make_cpu_adam(cfg, std::move(groups));
   auto opt = build_torch(cfg, groups);
   if (type == "adam" && !cfg.adam_w_mode)
-    return std::make_unique<TorchOptimizer<torch::optim::AdamParamState>>(cfg.type, std::move(opt), std::move(groups));
+    return std::make_unique<TorchOptimizer<torch::optim::AdamParamState>>(cfg, std::move(opt), std::move(groups));
   if (type == "adam" || type == "adamw")
-    return std::make_unique<TorchOptimizer<torch::optim::AdamWParamState>>(cfg.type, std::move(opt), std::move(groups));
-  if (type == "lamb") return std::make_unique<TorchOptimizer<LambParamState>>(cfg.type, std::move(opt), std::move(groups));
+    return std::make_unique<TorchOptimizer<torch::optim::AdamWParamState>>(cfg, std::move(opt), std::move(groups));
+  if (type == "lamb") return std::make_unique<TorchOptimizer<LambParamState>>(cfg, std::move(opt), std::move(groups));
   if (type == "sgd")
-    return std::make_unique<TorchOptimizer<torch::optim::SGDParamState>>(cfg.type, std::move(opt), std::move(groups));
-  return std::make_unique<TorchOptimizer<torch::optim::AdagradParamState>>(cfg.type, std::move(opt), std::move(groups));
+    return std::make_unique<TorchOptimizer<torch::optim::SGDParamState>>(cfg, std::move(opt), std::move(groups));
+  return std::make_unique<TorchOptimizer<torch::optim::AdagradParamState>>(cfg, std::move(opt), std::move(groups));
 }
 
 std::unique_ptr<torch::optim::Optimizer> make_torch_optimizer(const OptimizerConfig& cfg, const NamedParams& named_params) {

@@ -52,6 +52,11 @@ class Optimizer {
   virtual void save(torch::serialize::OutputArchive& archive) const = 0;
   /// InputError naming the parameter when a saved state does not fit (missing, other shape).
   virtual void load(torch::serialize::InputArchive& archive, const std::string& origin) = 0;
+  /// The statistic `name` (one of optimizer_statistics(): "exp_avg", "exp_avg_sq", ...) of
+  /// parameter `param`, sharing the optimizer's storage (writing it changes the state);
+  /// undefined before the parameter's first update. InputError for a name this optimizer does
+  /// not keep.
+  virtual at::Tensor statistic(const at::Tensor& param, const std::string& name);
   /// The libtorch optimizer underneath, for code that needs it (golden tests).
   virtual torch::optim::Optimizer& torch_optimizer() = 0;
 };

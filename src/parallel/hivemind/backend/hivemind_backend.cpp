@@ -76,7 +76,9 @@ void HivemindBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Co
   config_json_ = config_to_json(cfg).dump();
   int64_t n = 0;
   for (const auto& p : params_) n += p.numel();
-  flat_ = torch::empty({n}, torch::kFloat);
+  // A state round carries the parameters and each averaged optimizer statistic of each.
+  const int64_t copies = 1 + static_cast<int64_t>(h_.average_opt_statistics.size());
+  flat_ = torch::empty({n * (h_.average_state_every > 0 ? copies : 1)}, torch::kFloat);
 
   hm::DhtOptions o;
   o.run_id = h_.run_id;
@@ -394,7 +396,19 @@ StepResult HivemindBackend::step(const StepRequest& request, int64_t step) {
   if (group && group->members.size() > 1 && h_.average_state_every > 0 && (round_epoch + 1) % h_.average_state_every == 0) {
     hm::Group state = *group;
     state.group_id += "/state";
-    average_flat(params_, /*grads=*/false, &state, 1.0, "parameters");
+    // The parameters, then each statistic of every parameter (hivemind's TrainingStateAverager
+    // with average_opt_statistics). A statistic the update has not created yet (a parameter
+    // that never had a gradient anywhere) travels as zeros and is not written back.
+    std::vector<at::Tensor> tensors = params_;
+    std::string what = "parameters";
+    for (const auto& name : h_.average_opt_statistics) {
+      what += ", " + name;
+      for (const auto& p : params_) {
+        at::Tensor s = optimizer_->statistic(p, name);
+        tensors.push_back(s.defined() ? s : torch::zeros_like(p));
+      }
+    }
+    average_flat(std::move(tensors), /*grads=*/false, &state, 1.0, what);
   }
   // The next epoch. A peer that finds the swarm more than one epoch ahead reloads its state;
   // when that fails it jumps to the swarm's epoch with its own weights.
