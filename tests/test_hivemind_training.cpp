@@ -63,6 +63,55 @@ struct Swarm : ::testing::Test {
            "' --experiment_name " + name + " --save_dir '" + (dir / name).string() + "'";
   }
 
+  // Two peers (streams 0 and 1 of the corpus, 16 samples each, target 32) for `steps` global
+  // steps with configs `config_a` and `config_b`; each saves at the last step (a save finishes
+  // a delayed update). Names: tag0, tag1.
+  void run_pair(const std::string& tag, const std::string& extra, int steps = 1,
+                const std::string& config_a = "config.json", const std::string& config_b = "config.json") {
+    const std::string first = "127.0.0.1:" + std::to_string(polytrain::testing::free_port());
+    const std::string run_id = "pair-" + tag + "-" + std::to_string(::getpid());
+    std::vector<std::unique_ptr<OwnProcess>> peers;
+    for (int k = 0; k < 2; ++k) {
+      const std::string name = tag + std::to_string(k);
+      const std::string cmd = "OMP_NUM_THREADS=1 exec " + base(name, k == 0 ? config_a : config_b) +
+                              " --max_steps " + std::to_string(steps) + " --save_interval " + std::to_string(steps) +
+                              " --env_type hivemind --train_batch_size 16 --train_micro_batch_size_per_gpu 16"
+                              " --target_batch_size 32 --num_streams 2 --stream_index " + std::to_string(k) +
+                              " --expected_peers 2 --run_id " + run_id +
+                              " --matchmaking_time 10 --averaging_timeout 30 --listen " +
+                              (k == 0 ? first + " " : "127.0.0.1:0 --initial_peers " + first + " ") + extra;
+      peers.push_back(std::make_unique<OwnProcess>(cmd, POLYTRAIN_SOURCE_DIR, (dir / (name + ".log")).string()));
+    }
+    const bool done = polytrain::testing::wait_until(
+        [&] { return !peers[0]->running() && !peers[1]->running(); }, 300);
+    for (auto& p : peers) {
+      if (!done) p->signal(SIGKILL);
+      EXPECT_EQ(p->wait(), 0) << tag << ":\n" << p->output();
+      EXPECT_EQ(p->output().find("no averaging group"), std::string::npos) << p->output();
+    }
+    ASSERT_TRUE(done) << tag << ": the 2 peers did not finish in 300 s";
+  }
+
+  std::string peer_log(const std::string& name) const {
+    std::ifstream in(dir / (name + ".log"));
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+
+  // The training loss each logged step of peer `name` (its metrics.jsonl).
+  std::vector<double> losses(const std::string& name) {
+    std::vector<double> out;
+    for (const auto& run : fs::directory_iterator(dir / "exp")) {
+      const fs::path m = run.path() / name / "metrics.jsonl";
+      if (!fs::exists(m)) continue;
+      std::ifstream in(m);
+      for (std::string l; std::getline(in, l);) {
+        const json j = json::parse(l);
+        if (j.contains("loss")) out.push_back(j["loss"].get<double>());
+      }
+    }
+    return out;
+  }
+
   std::map<std::string, at::Tensor> weights(const std::string& name, int64_t step) {
     std::map<std::string, at::Tensor> m;
     for (auto& [k, v] : polytrain::load_safetensors(
@@ -270,24 +319,6 @@ TEST_F(Swarm, OptimizerStatisticsAveragedWithTheParametersAreTheSwarmsMean) {
     c["optimizer"]["params"]["betas"] = {0.9, 0.9};
     std::ofstream(dir / "config_b.json") << c.dump(2);
   }
-  auto run = [&](const std::string& tag, const std::string& extra) {
-    const std::string first = "127.0.0.1:" + std::to_string(polytrain::testing::free_port());
-    const std::string run_id = "stats-" + tag + "-" + std::to_string(::getpid());
-    std::vector<std::unique_ptr<OwnProcess>> peers;
-    for (int k = 0; k < 2; ++k) {
-      const std::string name = tag + std::to_string(k);
-      std::string cmd = "OMP_NUM_THREADS=1 exec " + base(name, k == 0 ? "config.json" : "config_b.json") +
-                        " --max_steps 1 --save_interval 1" +
-                        " --env_type hivemind --train_batch_size 16 --train_micro_batch_size_per_gpu 16"
-                        " --target_batch_size 32 --num_streams 2 --stream_index " + std::to_string(k) +
-                        " --expected_peers 2 --run_id " + run_id +
-                        " --matchmaking_time 10 --averaging_timeout 30 --listen " +
-                        (k == 0 ? first + " " : "127.0.0.1:0 --initial_peers " + first + " ") + extra;
-      peers.push_back(std::make_unique<OwnProcess>(cmd, POLYTRAIN_SOURCE_DIR, (dir / (name + ".log")).string()));
-    }
-    ASSERT_TRUE(all_finish(peers, 300)) << tag << ": the 2 peers did not finish in 300 s";
-    for (auto& p : peers) EXPECT_EQ(p->output().find("no averaging group"), std::string::npos) << p->output();
-  };
   // The ratio exp_avg_sq / exp_avg^2 over the entries where exp_avg is far from rounding.
   auto ratios = [&](const std::string& name) {
     const fs::path shard = dir / name / "global_step1" / "shard_0.pt";
@@ -301,8 +332,8 @@ TEST_F(Swarm, OptimizerStatisticsAveragedWithTheParametersAreTheSwarmsMean) {
     }
     return torch::cat(r);
   };
-  run("plain", "");
-  run("avg", "--average_opt_statistics exp_avg_sq");
+  run_pair("plain", "", 1, "config.json", "config_b.json");
+  run_pair("avg", "--average_opt_statistics exp_avg_sq", 1, "config.json", "config_b.json");
   const auto p0 = ratios("plain0"), p1 = ratios("plain1"), a0 = ratios("avg0"), a1 = ratios("avg1");
   ASSERT_GT(a0.numel(), 1000);
   std::printf("[swarm] exp_avg_sq / exp_avg^2: control %.4f and %.4f, averaged %.4f and %.4f (median)\n",
@@ -318,6 +349,58 @@ TEST_F(Swarm, OptimizerStatisticsAveragedWithTheParametersAreTheSwarmsMean) {
   EXPECT_EQ(max_difference(weights("avg0", 1), weights("avg1", 1)), 0.0);
 }
 
+// offload_optimizer: the optimizer steps an fp32 CPU copy and the model takes its values: the
+// same bits as stepping the model itself. delay_optimizer_step: each update runs in the
+// background while the next step's micro-batch computes on the weights before it, exactly one
+// step stale. bert_tiny's WarmupDecayLR (from 0, DeepSpeed's WarmupLR) gives lr 0 to the first
+// two updates, so the weights are the initial ones through step 3 and, with the delay, step 4's
+// micro-batch still sees them: its loss is the loss of the initial weights on that batch (a run
+// whose lr is 0 throughout gives it), while without the delay step 4 computes on updated
+// weights; step 5 sees updated weights either way (one step stale, not more).
+TEST_F(Swarm, OffloadedUpdatesMatchAndDelayedOnesAreOneStepStale) {
+  {
+    std::ifstream in(dir / "config.json");
+    json c = json::parse(in);
+    c["optimizer"]["params"]["lr"] = 0.0;
+    c["scheduler"]["params"]["warmup_max_lr"] = 0.0;
+    std::ofstream(dir / "config_frozen.json") << c.dump(2);
+  }
+  {
+    // hivemind.offload_optimizer is a config key (--offload_optimizer is ZeRO's flag).
+    std::ifstream in(dir / "config.json");
+    json c = json::parse(in);
+    c["hivemind"]["offload_optimizer"] = true;
+    std::ofstream(dir / "config_offload.json") << c.dump(2);
+  }
+  constexpr int kSteps = 5;
+  run_pair("plain", "", kSteps);
+  run_pair("offload", "", kSteps, "config_offload.json", "config_offload.json");
+  run_pair("delay", "--delay_optimizer_step", kSteps, "config_offload.json", "config_offload.json");
+  run_pair("frozen", "", kSteps, "config_frozen.json", "config_frozen.json");
+  for (const char* name : {"plain0", "offload0", "delay0", "delay1", "frozen0"})
+    ASSERT_TRUE(fs::exists(dir / name / ("global_step" + std::to_string(kSteps)))) << peer_log(name);
+  EXPECT_NE(peer_log("delay0").find("one step stale"), std::string::npos) << peer_log("delay0");
+  EXPECT_EQ(max_difference(weights("plain0", kSteps), weights("offload0", kSteps)), 0.0) << "offload";
+  EXPECT_EQ(max_difference(weights("offload0", kSteps), weights("offload1", kSteps)), 0.0) << "offload: the peers differ";
+  EXPECT_EQ(max_difference(weights("delay0", kSteps), weights("delay1", kSteps)), 0.0) << "delay: the peers differ";
+  for (int k = 0; k < 2; ++k) {
+    const std::string p = std::to_string(k);
+    const auto plain = losses("plain" + p), offload = losses("offload" + p), delay = losses("delay" + p),
+               frozen = losses("frozen" + p);
+    ASSERT_EQ(plain.size(), static_cast<size_t>(kSteps));
+    ASSERT_EQ(offload, plain);
+    ASSERT_EQ(delay.size(), static_cast<size_t>(kSteps));
+    ASSERT_EQ(frozen.size(), static_cast<size_t>(kSteps));
+    std::printf("[swarm] peer %d loss at steps 3-5: plain %.6f %.6f %.6f, delayed %.6f %.6f %.6f, frozen %.6f %.6f %.6f\n",
+                k, plain[2], plain[3], plain[4], delay[2], delay[3], delay[4], frozen[2], frozen[3], frozen[4]);
+    EXPECT_EQ(plain[2], frozen[2]) << "lr 0 for the first two updates: step 3 computes on the initial weights";
+    EXPECT_NE(plain[3], frozen[3]) << "without the delay step 4 computes on updated weights";
+    EXPECT_EQ(delay[3], frozen[3]) << "with the delay step 4 computes on the weights before step 3's update";
+    EXPECT_NE(delay[4], frozen[4]) << "and step 5 on updated ones: one step stale, not more";
+  }
+  EXPECT_GT(max_difference(weights("delay0", kSteps), weights("frozen0", kSteps)), 0.0);
+}
+
 TEST_F(Swarm, InconsistentSettingsAreOneLineErrors) {
   using polytrain::testing::expect_one_line_error;
   using polytrain::testing::run_program;
@@ -328,6 +411,8 @@ TEST_F(Swarm, InconsistentSettingsAreOneLineErrors) {
                         "'hivemind.request_timeout' (20 s) must be shorter than hivemind.matchmaking_time");
   expect_one_line_error(run_program(hm + " --target_batch_size 64 --listen localhost"), "hivemind.listen");
   expect_one_line_error(run_program(hm + " --target_batch_size 64 --compression zstd"), "hivemind.compression");
+  expect_one_line_error(run_program(hm + " --target_batch_size 64 --delay_optimizer_step"),
+                        "'hivemind.delay_optimizer_step' needs hivemind.offload_optimizer");
   expect_one_line_error(run_program(hm + " --target_batch_size 64 --average_opt_statistics exp_avg,momentum_buffer"),
                         "'momentum_buffer' is not a statistic of optimizer AdamW (it keeps: exp_avg, exp_avg_sq)");
   expect_one_line_error(run_program(hm + " --target_batch_size 64 --listen 127.0.0.1:0 --initial_peers 127.0.0.1:9 "

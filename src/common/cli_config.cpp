@@ -116,6 +116,9 @@ void add_config_flags(CLI::App& app, ConfigFlags& flags) {
       ->delimiter(',');
   add_switch(app, flags, "--client_mode", hm("client_mode"), true,
              "hivemind.client_mode: no inbound connections (behind a firewall or NAT)");
+  add_switch(app, flags, "--delay_optimizer_step", hm("delay_optimizer_step"), true,
+             "hivemind.delay_optimizer_step: each update runs in the background, one step stale (needs the "
+             "config key hivemind.offload_optimizer; --offload_optimizer is ZeRO's)");
 }
 
 bool parse_cli(CLI::App& app, int argc, char** argv) {

@@ -445,8 +445,9 @@ void parse_hivemind(const json* j, ParseContext& ctx, HivemindConfig& h) {
     r.fail("stream_index", cat("must be in [0, num_streams = ", h.num_streams, "), got ", h.stream_index));
   if (h.num_streams == 0 && h.stream_index != 0)
     r.fail("stream_index", "is given without hivemind.num_streams");
-  if (h.offload_optimizer) r.fail("offload_optimizer", "is not implemented yet in this build (use false)");
-  if (h.delay_optimizer_step) r.fail("delay_optimizer_step", "is not implemented yet in this build (use false)");
+  if (h.delay_optimizer_step && !h.offload_optimizer)
+    r.fail("delay_optimizer_step", "needs hivemind.offload_optimizer: the background update steps the offloaded copy "
+                                   "while the model computes (hivemind's rule)");
 }
 
 struct BatchKeys {

@@ -46,7 +46,7 @@ int64_t ReplicatedBackend::next_micro_batch(int64_t micro_steps_done, int64_t /*
   return micro_steps_done < accumulation_ ? micro_ : 0;
 }
 
-void ReplicatedBackend::build(std::shared_ptr<torch::nn::Module> model, const Config& cfg) {
+void ReplicatedBackend::build(std::shared_ptr<torch::nn::Module> model, const Config& cfg, bool offload) {
   model_ = std::move(model);
   model_->to(ctx_.device);
   const AmpPlan amp = amp_plan(cfg.amp);
@@ -56,13 +56,15 @@ void ReplicatedBackend::build(std::shared_ptr<torch::nn::Module> model, const Co
     params_.push_back(item.value());
     names_.push_back(item.key());
   }
-  if (amp.master_weights) {  // the fp32 weights as they are now, before the cast rounds them
+  if (amp.master_weights || offload) {  // the fp32 weights as they are now, before the cast rounds them
     torch::NoGradGuard no_grad;
-    for (const auto& p : params_) masters_.push_back(p.detach().clone().requires_grad_(true));
+    for (const auto& p : params_)
+      masters_.push_back(offload ? p.detach().to(at::kCPU, at::kFloat, /*non_blocking=*/false, /*copy=*/true).requires_grad_(true)
+                                 : p.detach().clone().requires_grad_(true));
   }
   if (amp.cast_model) cast_model_for_amp(*model_, amp_scalar_type(amp.half), amp.keep_norm_fp32);
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (!masters_.empty() && params_[i].scalar_type() == masters_[i].scalar_type()) masters_[i] = params_[i];
+    if (!offload && !masters_.empty() && params_[i].scalar_type() == masters_[i].scalar_type()) masters_[i] = params_[i];
     if (!masters_.empty() && !masters_[i].is_same(params_[i])) master_of_[names_[i]] = i;
     named.emplace_back(names_[i], masters_.empty() ? params_[i] : masters_[i]);
   }
@@ -76,13 +78,24 @@ StepResult ReplicatedBackend::update(const StepRequest& request, int64_t step) {
                        step, global_batch_);
   // Master weights: the half gradients (already reduced) into fp32, the update on the masters,
   // the result rounded back into the model.
+  grads_to_masters();
+  const UpdateOutcome u = update_masters(request);
+  if (u.applied) masters_to_params();
+  return step_result(u, step, global_batch_);
+}
+
+void ReplicatedBackend::grads_to_masters() {
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < params_.size(); ++i) {
     at::Tensor& m = masters_[i];
     if (m.is_same(params_[i])) continue;
     const at::Tensor& g = params_[i].grad();
-    m.mutable_grad() = g.defined() ? g.to(at::kFloat) : at::Tensor();
+    m.mutable_grad() = g.defined() ? g.to(m.device(), at::kFloat, /*non_blocking=*/false, /*copy=*/true) : at::Tensor();
   }
+}
+
+UpdateOutcome ReplicatedBackend::update_masters(const StepRequest& request) {
+  torch::NoGradGuard no_grad;
   if (norm_params_ && !norm_masters_) {  // once: the masters of the parameters counted in the norm
     norm_masters_.emplace();
     size_t i = 0;  // norm_params_ is a subsequence of params_
@@ -94,14 +107,17 @@ StepResult ReplicatedBackend::update(const StepRequest& request, int64_t step) {
   }
   const UpdateOutcome u = apply_update(masters_, *optimizer_, update_options(request, clip_), norm_reduce_,
                                        norm_masters_ ? &*norm_masters_ : nullptr);
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (masters_[i].is_same(params_[i])) continue;
-    if (u.applied) params_[i].detach().copy_(masters_[i]);
-    // The fp32 gradient lives only through the update: backward, where activations peak,
-    // holds half gradients, half weights, fp32 masters and Adam state (16 bytes a parameter).
-    masters_[i].mutable_grad() = at::Tensor();
-  }
-  return step_result(u, step, global_batch_);
+  // The fp32 gradient lives only through the update: backward, where activations peak, holds
+  // half gradients, half weights, fp32 masters and Adam state (16 bytes a parameter).
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (!masters_[i].is_same(params_[i])) masters_[i].mutable_grad() = at::Tensor();
+  return u;
+}
+
+void ReplicatedBackend::masters_to_params() {
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (!masters_[i].is_same(params_[i])) params_[i].detach().copy_(masters_[i]);
 }
 
 void ReplicatedBackend::zero_grads() {

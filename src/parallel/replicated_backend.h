@@ -34,11 +34,19 @@ class ReplicatedBackend : public Backend {
   explicit ReplicatedBackend(const Config& cfg);
   /// Moves the model to the device, applies the `amp` block's cast (O2 / O3) and builds the
   /// optimizer over its trainable parameters (params_ / names_ in registration order), or over
-  /// their fp32 master copies when the plan has master weights (O2).
-  void build(std::shared_ptr<torch::nn::Module> model, const Config& cfg);
+  /// their fp32 master copies when the plan has master weights (O2). `offload`: every
+  /// parameter gets a master, an fp32 copy in CPU memory (hivemind's offload_optimizer).
+  void build(std::shared_ptr<torch::nn::Module> model, const Config& cfg, bool offload = false);
   /// The shared update over identical gradients (no norm reduction: every rank has all of
   /// them) for the step after `step`. Gradients are left for the caller to clear.
+  /// With masters it is the three steps below in a row.
   StepResult update(const StepRequest& request, int64_t step);
+  /// Masters: the model's gradients copied into the masters' (a copy, never an alias).
+  void grads_to_masters();
+  /// Masters: the update on the masters; their gradients are freed after it.
+  UpdateOutcome update_masters(const StepRequest& request);
+  /// Masters: their values rounded into the model.
+  void masters_to_params();
   /// The optimizer's gradients and the model's (they differ under master weights) set to zero.
   void zero_grads();
   /// module_state(model) with each master-weighted parameter replaced by its fp32 master.

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <optional>
+#include <utility>
 #include <thread>
 
 #include <torch/nn/module.h>
@@ -42,6 +44,7 @@ HivemindBackend::HivemindBackend(const Config& cfg) : ReplicatedBackend(cfg), h_
 }
 
 HivemindBackend::~HivemindBackend() {
+  if (pending_.joinable()) pending_.join();
   // Release waiting followers and join streams first, then stop serving, then leave the DHT.
   if (matchmaker_) matchmaker_->stop();
   if (server_) server_->stop();
@@ -72,7 +75,12 @@ DataShard HivemindBackend::data_shard() const {
 }
 
 void HivemindBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Config& cfg) {
-  build(std::move(model), cfg);
+  build(std::move(model), cfg, h_.offload_optimizer);
+  delay_ = h_.delay_optimizer_step;
+  if (h_.offload_optimizer)
+    std::fprintf(stderr, "hivemind: offload_optimizer: the optimizer steps an fp32 copy of the parameters in CPU "
+                 "memory%s\n", delay_ ? "; delay_optimizer_step: each update runs in the background while the next "
+                 "micro-batches compute on the weights before it (one step stale)" : "");
   config_json_ = config_to_json(cfg).dump();
   int64_t n = 0;
   for (const auto& p : params_) n += p.numel();
@@ -98,7 +106,8 @@ void HivemindBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Co
     donor_ = std::make_unique<hm::StateDonor>(dht_.get(), *router_, h_.run_id + "_state", address_,
                                               ms(h_.metadata_expiration));
     donor_->set_provider([this] {
-      std::lock_guard<std::mutex> lock(state_mu_);
+      std::unique_lock<std::mutex> lock(state_mu_);
+      state_cv_.wait(lock, [this] { return !update_pending_; });  // bounded by the update itself
       return hm::StateSnapshot{epoch_, snapshot(), {}};
     });
   }
@@ -144,7 +153,8 @@ std::string HivemindBackend::snapshot() const {
   s.epoch = epoch_;
   {
     NamedTensors state;
-    for (const auto& [name, t] : module_state(*model_)) state.emplace_back(name, t.detach().to(torch::kCPU));
+    // With offload_optimizer the copy the optimizer steps (the model may lag it by one update).
+    for (const auto& [name, t] : state_with_masters(*model_)) state.emplace_back(name, t.detach().to(torch::kCPU));
     torch::serialize::OutputArchive a, m;
     save_named_tensors(state, m);
     a.write("model", m);
@@ -187,7 +197,8 @@ void HivemindBackend::restore(const std::string& bytes, const std::string& origi
     optimizer_->load(opt, origin);
   }
   load_module_state(*model_, loaded, origin);
-  optimizer_->zero_grad();
+  load_masters(loaded);
+  zero_grads();
   epoch_ = s->epoch;
 }
 
@@ -196,6 +207,7 @@ void HivemindBackend::donate() {
 }
 
 bool HivemindBackend::reload_from_peers(const std::string& why) {
+  finish_update();
   hm::DownloadOptions o;
   o.timeout = ms(h_.load_state_timeout);
   o.request_timeout = ms(h_.request_timeout);
@@ -290,6 +302,8 @@ int64_t HivemindBackend::next_micro_batch(int64_t micro_steps_done, int64_t samp
 
 void HivemindBackend::backward(const at::Tensor& loss, const MicroStep& m) {
   loss.backward();
+  // A delayed update that is done reaches the model between two micro-batches (its graph is gone).
+  if (pending_done_.load()) finish_update();
   loss_sum_ = loss_sum_.defined() ? loss_sum_ + loss.detach().to(torch::kDouble) : loss.detach().to(torch::kDouble);
   ++mini_steps_;
   accounted_ += m.samples;
@@ -298,7 +312,7 @@ void HivemindBackend::backward(const at::Tensor& loss, const MicroStep& m) {
 }
 
 void HivemindBackend::average_flat(std::vector<at::Tensor> tensors, bool grads, const void* group_ptr, double weight,
-                                   const std::string& what) {
+                                   int64_t epoch, const std::string& what) {
   const auto& group = *static_cast<const hm::Group*>(group_ptr);
   torch::NoGradGuard no_grad;
   int64_t off = 0;
@@ -323,10 +337,46 @@ void HivemindBackend::average_flat(std::vector<at::Tensor> tensors, bool grads, 
   }
   const std::string warning = report.warning();
   if (!warning.empty())
-    std::fprintf(stderr, "hivemind: epoch %lld %s: %s\n", static_cast<long long>(epoch_), what.c_str(), warning.c_str());
+    std::fprintf(stderr, "hivemind: epoch %lld %s: %s\n", static_cast<long long>(epoch), what.c_str(), warning.c_str());
+}
+
+void HivemindBackend::finish_update() {
+  if (!pending_.joinable()) return;
+  pending_.join();
+  pending_done_ = false;
+  if (pending_error_) std::rethrow_exception(std::exchange(pending_error_, nullptr));
+  masters_to_params();
+}
+
+NamedTensors HivemindBackend::full_state(torch::nn::Module& model) {
+  finish_update();
+  return ReplicatedBackend::full_state(model);
+}
+
+void HivemindBackend::save_shard(torch::serialize::OutputArchive& archive) {
+  finish_update();
+  ReplicatedBackend::save_shard(archive);
+}
+
+void HivemindBackend::average_state(const void* group, int64_t epoch) {
+  // The parameters, then each statistic of every parameter (hivemind's TrainingStateAverager
+  // with average_opt_statistics). A statistic the update has not created yet (a parameter
+  // that never had a gradient anywhere) travels as zeros and is not written back.
+  const std::vector<at::Tensor>& held = masters_.empty() ? params_ : masters_;
+  std::vector<at::Tensor> tensors = held;
+  std::string what = "parameters";
+  for (const auto& name : h_.average_opt_statistics) {
+    what += ", " + name;
+    for (const auto& p : held) {
+      at::Tensor s = optimizer_->statistic(p, name);
+      tensors.push_back(s.defined() ? s : torch::zeros_like(p));
+    }
+  }
+  average_flat(std::move(tensors), /*grads=*/false, group, 1.0, epoch, what);
 }
 
 StepResult HivemindBackend::step(const StepRequest& request, int64_t step) {
+  finish_update();
   const int64_t local = accounted_;
   PT_CHECK(local > 0, "hivemind step with no local samples");
   stepped_ = true;
@@ -349,7 +399,7 @@ StepResult HivemindBackend::step(const StepRequest& request, int64_t step) {
       if (!p.client_mode && p.epoch == round_epoch) others_here = true;
     if (g.epoch > round_epoch && !others_here &&
         reload_from_peers("epoch " + std::to_string(round_epoch) + " ended without this peer")) {
-      optimizer_->zero_grad();
+      zero_grads();
       known_peers_.clear();
       accounted_ = 0;
       loss_sum_ = at::Tensor();
@@ -381,7 +431,7 @@ StepResult HivemindBackend::step(const StepRequest& request, int64_t step) {
   const auto group = matchmaker_->find_group(mo, expected, deadline);
   known_peers_.clear();
   if (group && group->members.size() > 1) {
-    average_flat(params_, /*grads=*/true, &*group, static_cast<double>(local), "gradients");
+    average_flat(params_, /*grads=*/true, &*group, static_cast<double>(local), round_epoch, "gradients");
     for (size_t i = 0; i < group->members.size(); ++i)
       if (i != group->self && !group->members[i].address.empty()) known_peers_.insert(group->members[i].peer_id);
   } else {
@@ -389,31 +439,61 @@ StepResult HivemindBackend::step(const StepRequest& request, int64_t step) {
                  "stepping on this peer's %lld local samples\n",
                  static_cast<long long>(round_epoch), h_.averaging_timeout, static_cast<long long>(local));
   }
-  // From the update to the next epoch the state changes: a donor's snapshot waits.
-  std::unique_lock<std::mutex> state_lock(state_mu_);
-  StepResult r = update(request, step);
-  optimizer_->zero_grad();
-  if (group && group->members.size() > 1 && h_.average_state_every > 0 && (round_epoch + 1) % h_.average_state_every == 0) {
-    hm::Group state = *group;
-    state.group_id += "/state";
-    // The parameters, then each statistic of every parameter (hivemind's TrainingStateAverager
-    // with average_opt_statistics). A statistic the update has not created yet (a parameter
-    // that never had a gradient anywhere) travels as zeros and is not written back.
-    std::vector<at::Tensor> tensors = params_;
-    std::string what = "parameters";
-    for (const auto& name : h_.average_opt_statistics) {
-      what += ", " + name;
-      for (const auto& p : params_) {
-        at::Tensor s = optimizer_->statistic(p, name);
-        tensors.push_back(s.defined() ? s : torch::zeros_like(p));
-      }
+  const bool state_round =
+      group && group->members.size() > 1 && h_.average_state_every > 0 && (round_epoch + 1) % h_.average_state_every == 0;
+  std::optional<hm::Group> state;
+  if (state_round) {
+    state = *group;
+    state->group_id += "/state";
+  }
+  StepResult r;
+  if (delay_) {
+    // The averaged gradients move to the offloaded copy; the update and the state round run in
+    // the background while the next micro-batches compute on the weights before it (one step
+    // stale, as hivemind's delay_optimizer_step); the model gets the result at the first
+    // micro-batch boundary after it is done, or at the next step at the latest. The skip
+    // decision (a non-finite norm) is taken here, so the loop's loss scaler sees it at once.
+    grads_to_masters();
+    for (auto& p : params_)
+      if (p.grad().defined()) p.mutable_grad().zero_();
+    UpdateOutcome u;
+    u.grad_norm = grad_norm(masters_) * update_options(request, clip_).grad_scale;
+    u.applied = std::isfinite(u.grad_norm);
+    r = step_result(u, step, global_batch_);
+    std::lock_guard<std::mutex> lock(state_mu_);
+    epoch_ = round_epoch + 1;
+    if (u.applied) {
+      update_pending_ = true;
+      pending_ = std::thread([this, request, state, round_epoch] {
+        try {
+          update_masters(request);
+          if (state) average_state(&*state, round_epoch);
+        } catch (...) {
+          pending_error_ = std::current_exception();
+        }
+        {
+          std::lock_guard<std::mutex> lock(state_mu_);
+          update_pending_ = false;
+        }
+        state_cv_.notify_all();
+        pending_done_ = true;
+      });
+    } else {
+      for (auto& m : masters_) m.mutable_grad() = at::Tensor();
     }
-    average_flat(std::move(tensors), /*grads=*/false, &state, 1.0, what);
+  } else {
+    // From the update to the next epoch the state changes: a donor's snapshot waits.
+    std::lock_guard<std::mutex> lock(state_mu_);
+    r = update(request, step);
+    zero_grads();
+    if (state) {
+      average_state(&*state, round_epoch);
+      if (!masters_.empty()) masters_to_params();
+    }
+    epoch_ = round_epoch + 1;
   }
   // The next epoch. A peer that finds the swarm more than one epoch ahead reloads its state;
   // when that fails it jumps to the swarm's epoch with its own weights.
-  epoch_ = round_epoch + 1;
-  state_lock.unlock();
   const auto g = tracker_->global(false);
   if (g.epoch > epoch_ && !reload_from_peers("the swarm is at epoch " + std::to_string(g.epoch) + ", this peer at " +
                                              std::to_string(epoch_))) {

@@ -19,10 +19,14 @@
 // donors at once instead of stepping.
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <set>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -56,6 +60,9 @@ class HivemindBackend : public ReplicatedBackend {
   void barrier() override {}
   void set_global_step(int64_t step) override;
   int64_t catch_up(int64_t step) override;
+  /// A delayed update still running is finished (and reaches the model) first.
+  NamedTensors full_state(torch::nn::Module& model) override;
+  void save_shard(torch::serialize::OutputArchive& archive) override;
 
   /// This peer's DHT address (what others pass as --initial_peers) and id.
   std::string dht_address() const;
@@ -71,7 +78,13 @@ class HivemindBackend : public ReplicatedBackend {
   bool reload_from_peers(const std::string& why);
   void donate();
   void average_flat(std::vector<at::Tensor> tensors, bool grads, const void* group, double weight,
-                    const std::string& what);
+                    int64_t epoch, const std::string& what);
+  /// The state round: the parameters the optimizer steps (the offloaded copy with
+  /// offload_optimizer) and the average_opt_statistics of each.
+  void average_state(const void* group, int64_t epoch);
+  /// delay_optimizer_step: waits for the update running in the background, rethrows its
+  /// failure, and copies its result into the model. Nothing when none is in flight.
+  void finish_update();
 
   HivemindConfig h_;
   std::shared_ptr<const hivemind::Identity> identity_;
@@ -97,6 +110,15 @@ class HivemindBackend : public ReplicatedBackend {
   at::Tensor flat_;                    ///< CPU float32 staging for averaging
   /// Held while the parameters, optimizer state or epoch change; a donor's snapshot takes it.
   mutable std::mutex state_mu_;
+  /// delay_optimizer_step: the update (and state round) of the last global step runs here while
+  /// the next micro-batches compute; update_pending_ (under state_mu_, with state_cv_) keeps
+  /// donors from serving a state whose epoch is ahead of its optimizer step.
+  bool delay_ = false;
+  std::thread pending_;
+  std::atomic<bool> pending_done_{false};
+  std::exception_ptr pending_error_;
+  bool update_pending_ = false;
+  std::condition_variable state_cv_;
 };
 
 }  // namespace polytrain
