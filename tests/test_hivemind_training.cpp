@@ -286,6 +286,67 @@ TEST_F(Swarm, ALateJoinerLoadsTheSwarmsStateFromSeveralDonorsAndEndsIdentical) {
     std::printf("[swarm] the newcomer reloaded past step %d at its end: not compared\n", kCompareAt);
 }
 
+// A peer SIGKILLed in the middle of training and started again with its identity: the survivors
+// go on (no step of theirs waits beyond the averaging deadline), the restarted peer loads the
+// swarm's state from them instead of starting over, and at the end all three hold the same bits
+// (each step ends with the parameters averaged over the group).
+TEST_F(Swarm, APeerKilledAndRestartedCatchesUpAndEndsIdentical) {
+  constexpr int kPeers = 3, kSteps = 16, kKillAt = 4;
+  const std::string first = "127.0.0.1:" + std::to_string(polytrain::testing::free_port());
+  const std::string run_id = "swarm-restart-" + std::to_string(::getpid());
+  const std::string common = " --max_steps " + std::to_string(kSteps) + " --save_interval " + std::to_string(kSteps) +
+                             " --env_type hivemind --train_batch_size 16 --train_micro_batch_size_per_gpu 16"
+                             " --target_batch_size 48 --num_streams 3 --run_id " + run_id +
+                             " --matchmaking_time 5 --request_timeout 2 --averaging_timeout 20 --next_chunk_timeout 5";
+  std::vector<std::unique_ptr<OwnProcess>> peers;
+  auto start = [&](int k, const std::string& log) {
+    const std::string name = "peer" + std::to_string(k);
+    const std::string cmd = "OMP_NUM_THREADS=1 exec " + base(name) + common + " --stream_index " + std::to_string(k) +
+                            " --identity_path '" + (dir / (name + ".key")).string() + "'" +
+                            (k == 0 ? " --listen " + first : " --listen 127.0.0.1:0 --initial_peers " + first);
+    return std::make_unique<OwnProcess>(cmd, POLYTRAIN_SOURCE_DIR, (dir / log).string());
+  };
+  for (int k = 0; k < kPeers; ++k) {
+    peers.push_back(start(k, "peer" + std::to_string(k) + ".log"));
+    if (k == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+  const std::string at = "step " + std::to_string(kKillAt) + "/";
+  ASSERT_TRUE(polytrain::testing::wait_until(
+      [&] { return peers[2]->output().find(at) != std::string::npos || !peers[2]->running(); }, 180))
+      << peers[2]->output();
+  peers[2]->signal(SIGKILL);
+  EXPECT_NE(peers[2]->wait(), 0);
+  const auto killed = std::chrono::steady_clock::now();
+  peers[2] = start(2, "peer2.restarted.log");
+  ASSERT_TRUE(all_finish(peers, 420)) << "the swarm did not finish in 420 s";
+  std::printf("[swarm] restart: the swarm finished %.1f s after the kill\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count());
+  const std::string again = peers[2]->output();
+  const auto loaded = again.find("loaded the swarm's state at epoch ");
+  ASSERT_NE(loaded, std::string::npos) << again;
+  EXPECT_GE(std::stoll(again.substr(loaded + 34)), kKillAt) << again;
+  // The survivors' steps: none waited beyond the averaging deadline (20 s) and a step's compute.
+  for (int k = 0; k < 2; ++k) {
+    double slowest = 0;
+    for (const auto& run : fs::directory_iterator(dir / "exp")) {
+      const fs::path m = run.path() / ("peer" + std::to_string(k)) / "metrics.jsonl";
+      if (!fs::exists(m)) continue;
+      std::ifstream in(m);
+      for (std::string l; std::getline(in, l);) {
+        const json j = json::parse(l);
+        if (j.contains("ms_per_step")) slowest = std::max(slowest, j["ms_per_step"].get<double>());
+      }
+    }
+    std::printf("[swarm] restart: survivor %d's slowest global step %.0f ms\n", k, slowest);
+    EXPECT_GT(slowest, 0.0);
+    EXPECT_LT(slowest, 25'000.0);
+  }
+  const auto w0 = weights("peer0", kSteps);
+  for (int k = 1; k < kPeers; ++k)
+    EXPECT_EQ(max_difference(w0, weights("peer" + std::to_string(k), kSteps)), 0.0) << "peer " << k << " vs peer 0\n"
+                                                                                     << peers[k]->output();
+}
+
 namespace {
 
 // Every parameter's `name` statistic in a checkpoint's optimizer state (shard_0.pt), in order.
