@@ -7,12 +7,14 @@
 // errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <random>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -97,8 +99,8 @@ struct Swarm : ::testing::Test {
     return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   }
 
-  // The training loss each logged step of peer `name` (its metrics.jsonl).
-  std::vector<double> losses(const std::string& name) {
+  // `key` of every record of peer `name`'s metrics.jsonl that has it (its experiment folder).
+  std::vector<double> metric(const std::string& name, const std::string& key) {
     std::vector<double> out;
     for (const auto& run : fs::directory_iterator(dir / "exp")) {
       const fs::path m = run.path() / name / "metrics.jsonl";
@@ -106,11 +108,13 @@ struct Swarm : ::testing::Test {
       std::ifstream in(m);
       for (std::string l; std::getline(in, l);) {
         const json j = json::parse(l);
-        if (j.contains("loss")) out.push_back(j["loss"].get<double>());
+        if (j.contains(key)) out.push_back(j[key].get<double>());
       }
     }
     return out;
   }
+  // The training loss of each logged step.
+  std::vector<double> losses(const std::string& name) { return metric(name, "loss"); }
 
   std::map<std::string, at::Tensor> weights(const std::string& name, int64_t step) {
     std::map<std::string, at::Tensor> m;
@@ -327,16 +331,8 @@ TEST_F(Swarm, APeerKilledAndRestartedCatchesUpAndEndsIdentical) {
   EXPECT_GE(std::stoll(again.substr(loaded + 34)), kKillAt) << again;
   // The survivors' steps: none waited beyond the averaging deadline (20 s) and a step's compute.
   for (int k = 0; k < 2; ++k) {
-    double slowest = 0;
-    for (const auto& run : fs::directory_iterator(dir / "exp")) {
-      const fs::path m = run.path() / ("peer" + std::to_string(k)) / "metrics.jsonl";
-      if (!fs::exists(m)) continue;
-      std::ifstream in(m);
-      for (std::string l; std::getline(in, l);) {
-        const json j = json::parse(l);
-        if (j.contains("ms_per_step")) slowest = std::max(slowest, j["ms_per_step"].get<double>());
-      }
-    }
+    const auto ms = metric("peer" + std::to_string(k), "ms_per_step");
+    const double slowest = ms.empty() ? 0.0 : *std::max_element(ms.begin(), ms.end());
     std::printf("[swarm] restart: survivor %d's slowest global step %.0f ms\n", k, slowest);
     EXPECT_GT(slowest, 0.0);
     EXPECT_LT(slowest, 25'000.0);
@@ -345,6 +341,77 @@ TEST_F(Swarm, APeerKilledAndRestartedCatchesUpAndEndsIdentical) {
   for (int k = 1; k < kPeers; ++k)
     EXPECT_EQ(max_difference(w0, weights("peer" + std::to_string(k), kSteps)), 0.0) << "peer " << k << " vs peer 0\n"
                                                                                      << peers[k]->output();
+}
+
+// Fifty faults at random moments (matchmaking, all-reduce, state download, compute): peers 1-3
+// SIGSTOPped for 0.1-2 s or SIGKILLed and started again (with their identity; they reload the
+// swarm's state), while peer 0 trains on. Peer 0 is never touched: none of its global steps
+// lasts longer than the gradient round's averaging_timeout plus the state round's plus a step's
+// compute, it never has to reload, and every process ends by itself with exit code 0.
+TEST_F(Swarm, FiftyStopsAndKillsAtRandomMomentsNeitherHangNorBreakTheSwarm) {
+  constexpr int kPeers = 4, kSteps = 80, kFaults = 50;
+  constexpr double kAveragingTimeout = 8.0;
+  const std::string first = "127.0.0.1:" + std::to_string(polytrain::testing::free_port());
+  const std::string run_id = "swarm-chaos-" + std::to_string(::getpid());
+  const std::string common = " --max_steps " + std::to_string(kSteps) + " --save_interval " + std::to_string(kSteps) +
+                             " --env_type hivemind --train_batch_size 16 --train_micro_batch_size_per_gpu 16"
+                             " --target_batch_size 64 --num_streams 4 --run_id " + run_id +
+                             " --matchmaking_time 3 --request_timeout 1 --next_chunk_timeout 2 --averaging_timeout " +
+                             std::to_string(kAveragingTimeout);
+  std::vector<std::unique_ptr<OwnProcess>> peers;
+  int starts = 0;
+  auto start = [&](int k) {
+    const std::string name = "peer" + std::to_string(k);
+    const std::string cmd = "OMP_NUM_THREADS=1 exec " + base(name) + common + " --stream_index " + std::to_string(k) +
+                            " --identity_path '" + (dir / (name + ".key")).string() + "'" +
+                            (k == 0 ? " --listen " + first : " --listen 127.0.0.1:0 --initial_peers " + first);
+    return std::make_unique<OwnProcess>(cmd, POLYTRAIN_SOURCE_DIR,
+                                        (dir / (name + "." + std::to_string(starts++) + ".log")).string());
+  };
+  for (int k = 0; k < kPeers; ++k) {
+    peers.push_back(start(k));
+    if (k == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+  ASSERT_TRUE(polytrain::testing::wait_until(
+      [&] { return peers[0]->output().find("step 2/") != std::string::npos || !peers[0]->running(); }, 180))
+      << peers[0]->output();
+  const unsigned seed = std::random_device{}();
+  std::printf("[swarm] chaos: seed %u\n", seed);
+  std::mt19937 rng(seed);
+  auto uniform = [&](double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(rng); };
+  auto sleep_s = [](double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); };
+  int stops = 0, kills = 0;
+  while (stops + kills < kFaults && peers[0]->running()) {
+    sleep_s(uniform(0.2, 1.0));
+    const int k = 1 + static_cast<int>(rng() % (kPeers - 1));
+    if (!peers[k]->running()) {
+      EXPECT_EQ(peers[k]->wait(), 0) << "peer " << k << ":\n" << peers[k]->output();
+      continue;  // it finished: its steps are done
+    }
+    if (rng() % 4 == 0) {
+      peers[k]->signal(SIGKILL);
+      peers[k]->wait();
+      peers[k] = start(k);
+      ++kills;
+    } else {
+      peers[k]->signal(SIGSTOP);
+      sleep_s(uniform(0.1, 2.0));
+      peers[k]->signal(SIGCONT);
+      ++stops;
+    }
+  }
+  std::printf("[swarm] chaos: %d stops and %d kills while peer 0 trained\n", stops, kills);
+  EXPECT_EQ(stops + kills, kFaults) << "peer 0 ended before the faults did:\n" << peers[0]->output();
+  ASSERT_TRUE(all_finish(peers, 400)) << "the swarm did not finish in 400 s after the faults";
+  const std::string p0 = peers[0]->output();
+  EXPECT_EQ(p0.find("loaded the swarm's state"), std::string::npos) << p0;
+  const auto ms = metric("peer0", "ms_per_step");
+  ASSERT_EQ(ms.size(), static_cast<size_t>(kSteps));
+  const double slowest = *std::max_element(ms.begin(), ms.end()), fastest = *std::min_element(ms.begin(), ms.end());
+  std::printf("[swarm] chaos: peer 0's %d global steps took %.0f-%.0f ms\n", kSteps, fastest, slowest);
+  // Each step: a gradient round and a state round, each bounded by averaging_timeout, and the
+  // micro-batches it computes alone while the others are stopped (at most the whole target).
+  EXPECT_LT(slowest, (2 * kAveragingTimeout + 10.0) * 1000.0);
 }
 
 namespace {

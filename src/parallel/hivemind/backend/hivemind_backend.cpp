@@ -312,7 +312,8 @@ void HivemindBackend::backward(const at::Tensor& loss, const MicroStep& m) {
 }
 
 void HivemindBackend::average_flat(std::vector<at::Tensor> tensors, bool grads, const void* group_ptr, double weight,
-                                   int64_t epoch, const std::string& what) {
+                                   std::chrono::steady_clock::time_point round_end, int64_t epoch,
+                                   const std::string& what) {
   const auto& group = *static_cast<const hm::Group*>(group_ptr);
   torch::NoGradGuard no_grad;
   int64_t off = 0;
@@ -325,7 +326,8 @@ void HivemindBackend::average_flat(std::vector<at::Tensor> tensors, bool grads, 
   }
   hm::AllReduceOptions o;
   o.compression = hm::parse_compression(h_.compression);
-  o.allreduce_timeout = ms(h_.allreduce_timeout > 0 ? h_.allreduce_timeout : h_.averaging_timeout);
+  const auto left = std::chrono::duration_cast<milliseconds>(round_end - std::chrono::steady_clock::now());
+  o.allreduce_timeout = std::max(milliseconds(1), std::min(ms(h_.allreduce_timeout > 0 ? h_.allreduce_timeout : h_.averaging_timeout), left));
   o.next_chunk_timeout = ms(h_.next_chunk_timeout);
   const auto report = averager_->allreduce(group, flat_.data_ptr<float>(), static_cast<size_t>(off), weight, o);
   off = 0;
@@ -372,7 +374,8 @@ void HivemindBackend::average_state(const void* group, int64_t epoch) {
       tensors.push_back(s.defined() ? s : torch::zeros_like(p));
     }
   }
-  average_flat(std::move(tensors), /*grads=*/false, group, 1.0, epoch, what);
+  average_flat(std::move(tensors), /*grads=*/false, group, 1.0, std::chrono::steady_clock::now() + ms(h_.averaging_timeout),
+               epoch, what);
 }
 
 StepResult HivemindBackend::step(const StepRequest& request, int64_t step) {
@@ -431,7 +434,7 @@ StepResult HivemindBackend::step(const StepRequest& request, int64_t step) {
   const auto group = matchmaker_->find_group(mo, expected, deadline);
   known_peers_.clear();
   if (group && group->members.size() > 1) {
-    average_flat(params_, /*grads=*/true, &*group, static_cast<double>(local), round_epoch, "gradients");
+    average_flat(params_, /*grads=*/true, &*group, static_cast<double>(local), deadline, round_epoch, "gradients");
     for (size_t i = 0; i < group->members.size(); ++i)
       if (i != group->self && !group->members[i].address.empty()) known_peers_.insert(group->members[i].peer_id);
   } else {
