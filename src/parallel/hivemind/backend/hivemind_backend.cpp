@@ -360,7 +360,8 @@ void HivemindBackend::save_shard(torch::serialize::OutputArchive& archive) {
   ReplicatedBackend::save_shard(archive);
 }
 
-void HivemindBackend::average_state(const void* group, int64_t epoch) {
+void HivemindBackend::average_state(const void* group, std::chrono::steady_clock::time_point round_end,
+                                    int64_t epoch) {
   // The parameters, then each statistic of every parameter (hivemind's TrainingStateAverager
   // with average_opt_statistics). A statistic the update has not created yet (a parameter
   // that never had a gradient anywhere) travels as zeros and is not written back.
@@ -374,8 +375,7 @@ void HivemindBackend::average_state(const void* group, int64_t epoch) {
       tensors.push_back(s.defined() ? s : torch::zeros_like(p));
     }
   }
-  average_flat(std::move(tensors), /*grads=*/false, group, 1.0, std::chrono::steady_clock::now() + ms(h_.averaging_timeout),
-               epoch, what);
+  average_flat(std::move(tensors), /*grads=*/false, group, 1.0, round_end, epoch, what);
 }
 
 StepResult HivemindBackend::step(const StepRequest& request, int64_t step) {
@@ -470,7 +470,8 @@ StepResult HivemindBackend::step(const StepRequest& request, int64_t step) {
       pending_ = std::thread([this, request, state, round_epoch] {
         try {
           update_masters(request);
-          if (state) average_state(&*state, round_epoch);
+          // In the background the state round has an averaging_timeout of its own.
+          if (state) average_state(&*state, std::chrono::steady_clock::now() + ms(h_.averaging_timeout), round_epoch);
         } catch (...) {
           pending_error_ = std::current_exception();
         }
@@ -490,7 +491,10 @@ StepResult HivemindBackend::step(const StepRequest& request, int64_t step) {
     r = update(request, step);
     zero_grads();
     if (state) {
-      average_state(&*state, round_epoch);
+      // Within the step's averaging_timeout, as the gradient round: step() never waits
+      // longer for its averaging. A state round left without time fails at once and every
+      // member keeps its parameters (the next one averages them).
+      average_state(&*state, deadline, round_epoch);
       if (!masters_.empty()) masters_to_params();
     }
     epoch_ = round_epoch + 1;

@@ -82,8 +82,8 @@ class HivemindBackend : public ReplicatedBackend {
   void average_flat(std::vector<at::Tensor> tensors, bool grads, const void* group, double weight,
                     std::chrono::steady_clock::time_point round_end, int64_t epoch, const std::string& what);
   /// The state round: the parameters the optimizer steps (the offloaded copy with
-  /// offload_optimizer) and the average_opt_statistics of each.
-  void average_state(const void* group, int64_t epoch);
+  /// offload_optimizer) and the average_opt_statistics of each, ending by `round_end`.
+  void average_state(const void* group, std::chrono::steady_clock::time_point round_end, int64_t epoch);
   /// delay_optimizer_step: waits for the update running in the background, rethrows its
   /// failure, and copies its result into the model. Nothing when none is in flight.
   void finish_update();
