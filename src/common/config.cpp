@@ -394,8 +394,7 @@ bool host_port_ok(const std::string& s) {
 }  // namespace
 
 std::vector<std::string> optimizer_statistics(const OptimizerConfig& cfg) {
-  std::string type = cfg.type;
-  std::transform(type.begin(), type.end(), type.begin(), [](unsigned char c) { return std::tolower(c); });
+  const std::string type = lower(cfg.type);
   if (type == "adam" || type == "adamw" || type == "lamb" || type == "cpuadam") {
     std::vector<std::string> s = {"exp_avg", "exp_avg_sq"};
     if (cfg.amsgrad && type != "lamb" && type != "cpuadam") s.push_back("max_exp_avg_sq");

@@ -122,7 +122,10 @@ void ReplicatedBackend::masters_to_params() {
 
 void ReplicatedBackend::zero_grads() {
   optimizer_->zero_grad();
-  if (masters_.empty()) return;
+  if (!masters_.empty()) zero_model_grads();
+}
+
+void ReplicatedBackend::zero_model_grads() {
   for (auto& p : params_)
     if (p.grad().defined()) p.mutable_grad().zero_();
 }

@@ -49,6 +49,8 @@ class ReplicatedBackend : public Backend {
   void masters_to_params();
   /// The optimizer's gradients and the model's (they differ under master weights) set to zero.
   void zero_grads();
+  /// The model's gradients only (the optimizer's may be in use elsewhere).
+  void zero_model_grads();
   /// module_state(model) with each master-weighted parameter replaced by its fp32 master.
   NamedTensors state_with_masters(torch::nn::Module& model) const;
   /// After the model loaded `state`: the masters take its values at full precision.

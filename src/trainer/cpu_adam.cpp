@@ -524,6 +524,7 @@ class CpuAdam final : public Optimizer {
         auto [it, fresh] = seen.emplace(t.unsafeGetTensorImpl(), name);
         PT_INPUT_CHECK(fresh, name_, ": parameter '", name, "' is the same tensor as '", it->second,
                        "' (it would be stepped twice)");
+        slot_of_[t.unsafeGetTensorImpl()] = slots_.size();
         slots_.push_back(Slot{name, t, {}, {}, static_cast<float>(g.weight_decay)});
       }
     }
@@ -533,9 +534,10 @@ class CpuAdam final : public Optimizer {
 
   at::Tensor statistic(const at::Tensor& param, const std::string& name) override {
     if (name != "exp_avg" && name != "exp_avg_sq") Optimizer::statistic(param, name);  // throws
-    for (auto& s : slots_)
-      if (s.param.unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return name == "exp_avg" ? s.exp_avg : s.exp_avg_sq;
-    return at::Tensor();
+    const auto it = slot_of_.find(param.unsafeGetTensorImpl());
+    if (it == slot_of_.end()) return at::Tensor();
+    const Slot& s = slots_[it->second];
+    return name == "exp_avg" ? s.exp_avg : s.exp_avg_sq;
   }
 
   void step() override {
@@ -679,6 +681,7 @@ class CpuAdam final : public Optimizer {
   bool adam_w_mode_, bias_correction_;
   int64_t step_ = 0;
   std::vector<Slot> slots_;
+  std::unordered_map<const void*, size_t> slot_of_;  ///< parameter -> its slot
 };
 
 }  // namespace

@@ -164,11 +164,10 @@ at::Tensor Optimizer::statistic(const at::Tensor&, const std::string& name) {
 
 namespace {
 
-// The statistics of each libtorch state type, by torch.optim's names.
-at::Tensor statistic_of(const torch::optim::AdamParamState& s, const std::string& n) {
-  return n == "exp_avg" ? s.exp_avg() : n == "exp_avg_sq" ? s.exp_avg_sq() : n == "max_exp_avg_sq" ? s.max_exp_avg_sq() : at::Tensor();
-}
-at::Tensor statistic_of(const torch::optim::AdamWParamState& s, const std::string& n) {
+// The statistics of each libtorch state type, by torch.optim's names (Adam's and AdamW's states
+// have the same accessors).
+template <typename AdamState>
+at::Tensor statistic_of(const AdamState& s, const std::string& n) {
   return n == "exp_avg" ? s.exp_avg() : n == "exp_avg_sq" ? s.exp_avg_sq() : n == "max_exp_avg_sq" ? s.max_exp_avg_sq() : at::Tensor();
 }
 at::Tensor statistic_of(const LambParamState& s, const std::string& n) {

@@ -76,10 +76,9 @@ DataShard HivemindBackend::data_shard() const {
 
 void HivemindBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Config& cfg) {
   build(std::move(model), cfg, h_.offload_optimizer);
-  delay_ = h_.delay_optimizer_step;
   if (h_.offload_optimizer)
     std::fprintf(stderr, "hivemind: offload_optimizer: the optimizer steps an fp32 copy of the parameters in CPU "
-                 "memory%s\n", delay_ ? "; delay_optimizer_step: each update runs in the background while the next "
+                 "memory%s\n", h_.delay_optimizer_step ? "; delay_optimizer_step: each update runs in the background while the next "
                  "micro-batches compute on the weights before it (one step stale)" : "");
   config_json_ = config_to_json(cfg).dump();
   int64_t n = 0;
@@ -450,15 +449,14 @@ StepResult HivemindBackend::step(const StepRequest& request, int64_t step) {
     state->group_id += "/state";
   }
   StepResult r;
-  if (delay_) {
+  if (h_.delay_optimizer_step) {
     // The averaged gradients move to the offloaded copy; the update and the state round run in
     // the background while the next micro-batches compute on the weights before it (one step
     // stale, as hivemind's delay_optimizer_step); the model gets the result at the first
     // micro-batch boundary after it is done, or at the next step at the latest. The skip
     // decision (a non-finite norm) is taken here, so the loop's loss scaler sees it at once.
     grads_to_masters();
-    for (auto& p : params_)
-      if (p.grad().defined()) p.mutable_grad().zero_();
+    zero_model_grads();
     UpdateOutcome u;
     u.grad_norm = grad_norm(masters_) * update_options(request, clip_).grad_scale;
     u.applied = std::isfinite(u.grad_norm);

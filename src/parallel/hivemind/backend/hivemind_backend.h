@@ -115,7 +115,6 @@ class HivemindBackend : public ReplicatedBackend {
   /// delay_optimizer_step: the update (and state round) of the last global step runs here while
   /// the next micro-batches compute; update_pending_ (under state_mu_, with state_cv_) keeps
   /// donors from serving a state whose epoch is ahead of its optimizer step.
-  bool delay_ = false;
   std::thread pending_;
   std::atomic<bool> pending_done_{false};
   std::exception_ptr pending_error_;
