@@ -25,6 +25,7 @@ PACKAGES=(
   strace                                # launcher tests check which processes it signals
   libopendht-dev libsodium-dev          # env_type hivemind: the swarm's DHT, Ed25519-signed records
   libasio-dev libmsgpack-cxx-dev        #   direct TCP between peers (standalone asio), record encoding
+  iproute2 nftables                     #   the client-mode test: a peer in a network namespace with no inbound route
   libgtest-dev libgmock-dev             # tests
   libgoogle-perftools-dev               # tcmalloc_minimal, linked into every program (POLYTRAIN_ALLOCATOR)
   patchelf time                         # bench/allocator.sh: the same binary without tcmalloc, CPU times

@@ -21,6 +21,7 @@
 #include <torch/torch.h>
 
 #include "helpers/free_port.h"
+#include "helpers/no_inbound_namespace.h"
 #include "helpers/own_process.h"
 #include "helpers/program.h"
 #include "helpers/require.h"
@@ -534,6 +535,59 @@ TEST_F(Swarm, OffloadedUpdatesMatchAndDelayedOnesAreOneStepStale) {
     EXPECT_NE(delay[4], frozen[4]) << "and step 5 on updated ones: one step stale, not more";
   }
   EXPECT_GT(max_difference(weights("delay0", kSteps), weights("frozen0", kSteps)), 0.0);
+}
+
+// hivemind's client mode: a volunteer behind a NAT or firewall. The client-mode peer runs in a
+// network namespace of its own whose only link is a veth pair to this one, and whose firewall
+// drops every inbound packet that opens a flow (checked first: a listener inside cannot be
+// reached from outside, one outside can from inside). It joins groups through connections it
+// opens, reduces nothing, and takes part in (at least 95% of) the rounds of two trainer peers:
+// its metrics give the group of each global step, and all three end with the same bits. Where
+// no namespace can be made (not root), the client runs on this namespace's loopback and says so.
+TEST_F(Swarm, AClientModePeerWithNoInboundRouteTakesPartInTheRounds) {
+  constexpr int kSteps = 20;
+  polytrain::testing::NoInboundNamespace ns;
+  std::string host = "127.0.0.1", client_ip = "127.0.0.1", client_exec;
+  if (ns.ok) {
+    ASSERT_FALSE(ns.connects(/*from_inside=*/false)) << "the namespace " << ns.name << " accepts inbound connections";
+    ASSERT_TRUE(ns.connects(/*from_inside=*/true)) << "the namespace " << ns.name << " cannot connect out";
+    host = ns.host_ip, client_ip = ns.peer_ip, client_exec = ns.exec();
+  } else {
+    std::printf("[swarm] no network namespace here (%s): the client-mode peer runs on loopback\n", ns.why.c_str());
+  }
+  const std::string first = host + ":" + std::to_string(polytrain::testing::free_port());
+  const std::string run_id = "swarm-client-" + std::to_string(::getpid());
+  std::vector<std::unique_ptr<OwnProcess>> peers;
+  for (int k = 0; k < 3; ++k) {
+    const std::string name = k < 2 ? "peer" + std::to_string(k) : "client";
+    const std::string listen = k == 0 ? first : (k < 2 ? host : client_ip) + ":0 --initial_peers " + first;
+    const std::string cmd = "OMP_NUM_THREADS=1 exec " + (k == 2 ? client_exec : std::string()) + base(name) +
+                            " --max_steps " + std::to_string(kSteps) + " --save_interval " + std::to_string(kSteps) +
+                            " --env_type hivemind --train_batch_size 16 --train_micro_batch_size_per_gpu 16"
+                            " --target_batch_size 48 --num_streams 3 --stream_index " + std::to_string(k) +
+                            " --expected_peers 2 --run_id " + run_id +
+                            " --matchmaking_time 10 --averaging_timeout 30 --listen " + listen +
+                            (k == 2 ? " --client_mode" : "");
+    peers.push_back(std::make_unique<OwnProcess>(cmd, POLYTRAIN_SOURCE_DIR, (dir / (name + ".log")).string()));
+    if (k == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+  ASSERT_TRUE(all_finish(peers, 300)) << "the 3 peers did not finish in 300 s";
+  EXPECT_NE(peers[2]->output().find("client mode (no inbound connections)"), std::string::npos) << peers[2]->output();
+  // Each global step's group, as each peer logged it: the client's rounds are those whose group
+  // had all three (the trainers agree on it).
+  const auto client = metric("client", "group_size"), p0 = metric("peer0", "group_size");
+  ASSERT_EQ(client.size(), static_cast<size_t>(kSteps)) << peers[2]->output();
+  ASSERT_EQ(p0.size(), static_cast<size_t>(kSteps)) << peers[0]->output();
+  const auto in_all = std::count(client.begin(), client.end(), 3.0);
+  EXPECT_EQ(std::count(p0.begin(), p0.end(), 3.0), in_all);
+  std::printf("[swarm] client-mode peer%s took part in %lld of %d rounds; inbound packets dropped at its "
+              "firewall: %lld\n",
+              ns.ok ? (" in namespace " + ns.name + " (" + client_ip + ", inbound flows dropped)").c_str() : " on loopback",
+              static_cast<long long>(in_all), kSteps, ns.ok ? ns.dropped() : 0LL);
+  EXPECT_GE(in_all, (kSteps * 95 + 99) / 100) << peers[2]->output();
+  const auto w0 = weights("peer0", kSteps);
+  EXPECT_EQ(max_difference(w0, weights("peer1", kSteps)), 0.0);
+  EXPECT_EQ(max_difference(w0, weights("client", kSteps)), 0.0);
 }
 
 TEST_F(Swarm, InconsistentSettingsAreOneLineErrors) {

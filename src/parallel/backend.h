@@ -79,6 +79,7 @@ struct StepResult {
   double grad_norm = 0.0;   ///< global L2 norm of the gradients before clipping
   int64_t global_step = 0;  ///< optimizer steps of the run after this one (a swarm's may jump)
   int64_t samples = 0;      ///< samples that went into this step over all ranks
+  int64_t group_size = 0;   ///< peers whose gradients this step averaged in full, this one included (hivemind; 0 elsewhere)
   bool applied() const { return outcome == StepOutcome::kApplied; }
 };
 

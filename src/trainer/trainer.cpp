@@ -427,6 +427,10 @@ void Trainer::record_step(const StepResult& r, double loss, double lr) {
                      fmt("%.1f", ms_per_step) + " ms/step | lr " + fmt("%.3e", lr) + " | loss " + fmt("%.4f", loss) +
                      " | " + fmt("%.1f", samples_per_s) + " samples/s" +
                      (scaler_ ? " | loss scale " + fmt("%.0f", scaler_->scale()) : "");
+  if (r.group_size > 0) {  // a swarm's step: how many peers it averaged with
+    fields["group_size"] = r.group_size;
+    line += " | group " + std::to_string(r.group_size);
+  }
   if (cfg_.wall_clock_breakdown) {  // DeepSpeed's timers: where the step's time went
     const double n = static_cast<double>(interval_steps_);
     fields["forward_ms"] = interval_ms_[1] / n, fields["backward_ms"] = interval_ms_[2] / n;

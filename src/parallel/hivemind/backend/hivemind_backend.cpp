@@ -310,7 +310,7 @@ void HivemindBackend::backward(const at::Tensor& loss, const MicroStep& m) {
       m.samples, std::chrono::duration<double>(std::chrono::steady_clock::now() - micro_start_).count());
 }
 
-void HivemindBackend::average_flat(std::vector<at::Tensor> tensors, bool grads, const void* group_ptr, double weight,
+size_t HivemindBackend::average_flat(std::vector<at::Tensor> tensors, bool grads, const void* group_ptr, double weight,
                                    std::chrono::steady_clock::time_point round_end, int64_t epoch,
                                    const std::string& what) {
   const auto& group = *static_cast<const hm::Group*>(group_ptr);
@@ -339,6 +339,9 @@ void HivemindBackend::average_flat(std::vector<at::Tensor> tensors, bool grads, 
   const std::string warning = report.warning();
   if (!warning.empty())
     std::fprintf(stderr, "hivemind: epoch %lld %s: %s\n", static_cast<long long>(epoch), what.c_str(), warning.c_str());
+  std::set<std::string> failed(report.failed_reducers.begin(), report.failed_reducers.end());
+  failed.insert(report.excluded_senders.begin(), report.excluded_senders.end());
+  return group.members.size() - std::min(failed.size(), group.members.size() - 1);
 }
 
 void HivemindBackend::finish_update() {
@@ -432,8 +435,9 @@ StepResult HivemindBackend::step(const StepRequest& request, int64_t step) {
   const auto deadline = std::chrono::steady_clock::now() + ms(h_.averaging_timeout);
   const auto group = matchmaker_->find_group(mo, expected, deadline);
   known_peers_.clear();
+  size_t averaged = 1;
   if (group && group->members.size() > 1) {
-    average_flat(params_, /*grads=*/true, &*group, static_cast<double>(local), deadline, round_epoch, "gradients");
+    averaged = average_flat(params_, /*grads=*/true, &*group, static_cast<double>(local), deadline, round_epoch, "gradients");
     for (size_t i = 0; i < group->members.size(); ++i)
       if (i != group->self && !group->members[i].address.empty()) known_peers_.insert(group->members[i].peer_id);
   } else {
@@ -523,6 +527,7 @@ StepResult HivemindBackend::step(const StepRequest& request, int64_t step) {
   mini_steps_ = 0;
   r.global_step = epoch_;
   r.samples = std::max<int64_t>(swarm_samples_, local);
+  r.group_size = static_cast<int64_t>(averaged);
   return r;
 }
 

@@ -79,7 +79,8 @@ class HivemindBackend : public ReplicatedBackend {
   void donate();
   /// One averaging round over `tensors` (their gradients with `grads`), ending by `round_end`
   /// (the round's averaging_timeout, matchmaking included) or allreduce_timeout, the earlier.
-  void average_flat(std::vector<at::Tensor> tensors, bool grads, const void* group, double weight,
+  /// Returns the members whose contributions it averaged in full (this peer included).
+  size_t average_flat(std::vector<at::Tensor> tensors, bool grads, const void* group, double weight,
                     std::chrono::steady_clock::time_point round_end, int64_t epoch, const std::string& what);
   /// The state round: the parameters the optimizer steps (the offloaded copy with
   /// offload_optimizer) and the average_opt_statistics of each, ending by `round_end`.

@@ -1,0 +1,147 @@
+// Test helper: a network namespace a peer runs in with no inbound route, as a volunteer behind
+// a NAT or a firewall. A veth pair links this namespace (host_ip) to it (peer_ip); inside it an
+// nftables rule drops every packet that opens a flow (`ct state new`), so the peer connects out
+// and gets its answers while nothing can connect or send to it first. Needs root (or
+// CAP_NET_ADMIN), `ip` (iproute2) and `nft` (nftables), which scripts/setup.sh installs; where
+// it cannot be set up, `ok` is false and `why` names the command that failed.
+#pragma once
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+
+namespace polytrain::testing {
+
+class NoInboundNamespace {
+ public:
+  std::string name, host_ip, peer_ip, why;
+  bool ok = false;
+
+  NoInboundNamespace() {
+    const int pid = static_cast<int>(::getpid());
+    name = "pt_noinbound_" + std::to_string(pid);
+    host_if_ = "pth" + std::to_string(pid);  // interface names: at most 15 characters
+    const std::string peer_if = "ptc" + std::to_string(pid);
+    const std::string net = "10.213." + std::to_string(pid % 250 + 1) + ".";
+    host_ip = net + "1";
+    peer_ip = net + "2";
+    const std::string in = "ip netns exec " + name + " ";
+    const std::string steps[] = {
+        "ip netns add " + name,
+        "ip link add " + host_if_ + " type veth peer name " + peer_if,
+        "ip link set " + peer_if + " netns " + name,
+        "ip addr add " + host_ip + "/30 dev " + host_if_,
+        "ip link set " + host_if_ + " up",
+        in + "ip addr add " + peer_ip + "/30 dev " + peer_if,
+        in + "ip link set " + peer_if + " up",
+        in + "ip link set lo up",
+        in + "nft add table inet polytrain",
+        in + "nft 'add chain inet polytrain input { type filter hook input priority 0; policy accept; }'",
+        in + "nft add rule inet polytrain input ct state new counter drop",
+    };
+    for (const auto& s : steps) {
+      if (std::system((s + " >/dev/null 2>&1").c_str()) != 0) {
+        why = "'" + s + "' failed";
+        return;
+      }
+      created_ = true;
+    }
+    ok = true;
+  }
+  NoInboundNamespace(const NoInboundNamespace&) = delete;
+  NoInboundNamespace& operator=(const NoInboundNamespace&) = delete;
+  ~NoInboundNamespace() {
+    if (!created_) return;
+    std::system(("ip netns del " + name + " >/dev/null 2>&1").c_str());  // takes the veth pair with it
+    std::system(("ip link del " + host_if_ + " >/dev/null 2>&1").c_str());
+  }
+
+  /// Prefix of a shell command that runs in the namespace.
+  std::string exec() const { return "ip netns exec " + name + " "; }
+
+  /// Inbound packets the rule dropped so far (-1 when it cannot be read).
+  long long dropped() const {
+    FILE* f = ::popen((exec() + "nft list chain inet polytrain input 2>/dev/null").c_str(), "r");
+    if (!f) return -1;
+    long long n = -1;
+    char line[512];
+    while (std::fgets(line, sizeof line, f))
+      if (const char* p = std::strstr(line, "packets ")) n = std::atoll(p + 8);
+    ::pclose(f);
+    return n;
+  }
+
+  /// Whether a TCP connection from `from_inside` to a listener on the other side opens within
+  /// `timeout_ms`: the listener is made by a thread that entered the namespace (setns acts on
+  /// the calling thread only) or by this one.
+  bool connects(bool from_inside, int timeout_ms = 1000) const {
+    int listener = -1;
+    auto listen_on = [&](const std::string& ip) {
+      listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      sockaddr_in a = address(ip, 0);
+      if (::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(listener, 4) != 0) {
+        ::close(listener);
+        listener = -1;
+      }
+    };
+    auto connect_to = [&](const std::string& ip, int port) {
+      const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+      sockaddr_in a = address(ip, port);
+      ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+      pollfd p{fd, POLLOUT, 0};
+      int err = 1;
+      socklen_t len = sizeof err;
+      const bool open = ::poll(&p, 1, timeout_ms) == 1 && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
+      ::close(fd);
+      return open;
+    };
+    auto in_namespace = [&](auto&& what) {
+      std::thread t([&] {
+        const int ns = ::open(("/run/netns/" + name).c_str(), O_RDONLY | O_CLOEXEC);
+        if (ns >= 0 && ::setns(ns, CLONE_NEWNET) == 0) what();
+        if (ns >= 0) ::close(ns);
+      });
+      t.join();
+    };
+    bool open = false;
+    if (from_inside) {
+      listen_on(host_ip);
+      if (listener >= 0) in_namespace([&] { open = connect_to(host_ip, port_of(listener)); });
+    } else {
+      in_namespace([&] { listen_on(peer_ip); });
+      if (listener >= 0) open = connect_to(peer_ip, port_of(listener));
+    }
+    if (listener >= 0) ::close(listener);
+    return open;
+  }
+
+ private:
+  std::string host_if_;
+  bool created_ = false;
+
+  static sockaddr_in address(const std::string& ip, int port) {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    ::inet_pton(AF_INET, ip.c_str(), &a.sin_addr);
+    return a;
+  }
+  static int port_of(int fd) {
+    sockaddr_in a{};
+    socklen_t len = sizeof a;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    return ntohs(a.sin_port);
+  }
+};
+
+}  // namespace polytrain::testing
