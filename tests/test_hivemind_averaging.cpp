@@ -420,6 +420,40 @@ TEST(StateDownload, StripesAcrossDonorsAndFinishesWhenOneDiesAndOneLies) {
   }
 }
 
+// A newcomer arriving while the swarm steps finds some donors a step behind (mid-step when
+// asked). They are asked again while the download runs, and one that reaches the state joins:
+// here the only donor of the state dies after 2 MB, and the one that was a step behind finishes
+// the download once it has stepped. Without it (the control) the same download fails.
+TEST(StateDownload, ADonorAStepBehindJoinsOnceItStepsAndFinishesWhatADeadOneBegan) {
+  const std::string state = random_state(8 << 20, 5);
+  auto o = small_pieces();
+  for (const bool with_behind : {false, true}) {
+    Donor ahead("ahead", 5, state), behind("behind", 4, random_state(8 << 20, 6));
+    ahead.donor->die_after(2u << 20);
+    std::thread stepper([&] {
+      std::this_thread::sleep_for(300ms);
+      behind.donor->publish(5, state);  // its step ends: the same state as the swarm's
+    });
+    hm::DownloadReport rep;
+    const auto got = hm::download_state({ahead.info}, o, &rep,
+                                        with_behind ? std::vector<hm::DonorInfo>{behind.info} : std::vector<hm::DonorInfo>{});
+    stepper.join();
+    if (!with_behind) {
+      EXPECT_FALSE(got.has_value());
+      EXPECT_NE(rep.why_none.find("every donor failed"), std::string::npos) << rep.why_none;
+      continue;
+    }
+    ASSERT_TRUE(got.has_value()) << rep.why_none;
+    EXPECT_TRUE(got->bytes == state);
+    EXPECT_EQ(got->epoch, 5);
+    ASSERT_EQ(rep.donors_failed.size(), 1u);
+    EXPECT_NE(rep.donors_failed[0].find("ahead"), std::string::npos) << rep.donors_failed[0];
+    EXPECT_EQ(rep.donors_used.size(), 2u);
+    EXPECT_GT(behind.donor->bytes_served(), 0u);
+    EXPECT_GE(rep.seconds, 0.25);  // it waited for the step, not less
+  }
+}
+
 TEST(StateDownload, ADonorThatStepsMidDownloadStillServesTheStateAnnounced) {
   const std::string state = random_state(8 << 20, 2);
   Donor d("donor0", 3, state);

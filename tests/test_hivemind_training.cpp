@@ -21,7 +21,7 @@
 #include <torch/torch.h>
 
 #include "helpers/free_port.h"
-#include "helpers/no_inbound_namespace.h"
+#include "helpers/peer_namespace.h"
 #include "helpers/own_process.h"
 #include "helpers/program.h"
 #include "helpers/require.h"
@@ -291,6 +291,123 @@ TEST_F(Swarm, ALateJoinerLoadsTheSwarmsStateFromSeveralDonorsAndEndsIdentical) {
     std::printf("[swarm] the newcomer reloaded past step %d at its end: not compared\n", kCompareAt);
 }
 
+// A late joiner with 100 MB of state (BERT with hidden size 256: 9.6 M parameters and their two
+// AdamW moments) loads it from the founders, and one of its donors is SIGKILLed in the middle of
+// the download: it finishes from the others (the dead donor's pieces go to a live one), then
+// trains with the survivors and ends with their bits. The newcomer runs in a network namespace
+// of its own whose inbound link is shaped to 1 Gbit/s, so the download lasts ~1 s and the kill
+// lands when 30 MB have crossed that link. (A newcomer catches up only if it loads faster than
+// the swarm steps: each founder computes 2 micro-batches per global step here, ~2.5 s.) Where no namespace can be made (not root), it
+// runs on loopback and the kill lands when the newcomer has read 30 MB from its sockets
+// (/proc/PID/io), which a 0.6 s download may outrun: the test then says so instead of asserting
+// the donor's failure.
+TEST_F(Swarm, ALateJoinerLoads100MBAndFinishesFromAnotherDonorWhenOneIsKilledMidDownload) {
+  {
+    std::ifstream in(dir / "config.json");
+    json c = json::parse(in);
+    c["model"]["hidden_size"] = 256;
+    c["model"]["num_attention_heads"] = 4;
+    c["model"]["intermediate_size"] = 1024;
+    std::ofstream(dir / "config_100mb.json") << c.dump(2);
+  }
+  constexpr int kFounders = 3, kSteps = 16, kCompareAt = 12, kJoinAt = 3;
+  constexpr long long kKillAfter = 30'000'000;
+  polytrain::testing::PeerNamespace ns(/*block_inbound=*/false);
+  std::string host = "127.0.0.1", newcomer_ip = "127.0.0.1", newcomer_exec;
+  if (ns.ok && ns.limit_rate("1gbit")) {
+    host = ns.host_ip, newcomer_ip = ns.peer_ip, newcomer_exec = ns.exec();
+  } else {
+    std::printf("[swarm] no network namespace here (%s): the newcomer runs on loopback\n", ns.why.c_str());
+  }
+  const bool shaped = !newcomer_exec.empty();
+  const std::string first = host + ":" + std::to_string(polytrain::testing::free_port());
+  const std::string run_id = "swarm-100mb-" + std::to_string(::getpid());
+  std::vector<std::unique_ptr<OwnProcess>> peers;
+  auto start = [&](int k, int max_steps, const std::string& extra) {
+    const std::string name = "peer" + std::to_string(k);
+    const std::string listen = k == 0 ? first : (k < kFounders ? host : newcomer_ip) + ":0 --initial_peers " + first;
+    const std::string cmd = "OMP_NUM_THREADS=1 exec " + (k == kFounders ? newcomer_exec : std::string()) +
+                            base(name, "config_100mb.json") + " --max_steps " + std::to_string(max_steps) +
+                            " --save_interval " + std::to_string(kCompareAt) +
+                            " --env_type hivemind --train_batch_size 16 --train_micro_batch_size_per_gpu 16"
+                            " --target_batch_size 96 --run_id " + run_id +
+                            " --matchmaking_time 5 --request_timeout 2 --averaging_timeout 30 --listen " + listen + extra;
+    peers.push_back(std::make_unique<OwnProcess>(cmd, POLYTRAIN_SOURCE_DIR, (dir / (name + ".log")).string()));
+  };
+  for (int k = 0; k < kFounders; ++k) {
+    start(k, kSteps, " --expected_peers 3");
+    if (k == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+  const bool underway = polytrain::testing::wait_until(
+      [&] {
+        return peers[0]->output().find("step " + std::to_string(kJoinAt) + "/") != std::string::npos ||
+               !peers[0]->running();
+      },
+      240);
+  ASSERT_TRUE(underway) << peers[0]->output();
+  start(kFounders, kCompareAt, "");
+  // Bytes that reached the newcomer: through its link, or read from its sockets.
+  const pid_t newcomer = peers[kFounders]->pid();
+  auto received = [&]() -> long long {
+    if (shaped) return ns.bytes_in();
+    std::ifstream io("/proc/" + std::to_string(newcomer) + "/io");
+    for (std::string key; io >> key;) {
+      long long v = 0;
+      io >> v;
+      if (key == "rchar:") return v;
+    }
+    return -1;
+  };
+  const long long at_start = received();
+  const bool reached = polytrain::testing::wait_until(
+      [&] { return received() - at_start >= kKillAfter || !peers[kFounders]->running(); }, 240, 2);
+  ASSERT_TRUE(reached) << peers[kFounders]->output();
+  peers[1]->signal(SIGKILL);
+  const long long at_kill = received() - at_start;
+  peers[1]->wait();
+  const std::string killed_log = peers[1]->output();
+  const auto id_at = killed_log.find("hivemind: peer ");
+  ASSERT_NE(id_at, std::string::npos) << killed_log;
+  const std::string killed_id = killed_log.substr(id_at + 15, 8);
+  std::vector<std::unique_ptr<OwnProcess>> rest;
+  for (int k : {0, 2, 3}) rest.push_back(std::move(peers[k]));
+  ASSERT_TRUE(all_finish(rest, 420)) << "the swarm did not finish in 420 s";
+  const std::string late = rest[2]->output();
+  // The first download (the one the kill landed in) succeeded: the newcomer loaded the state
+  // then, not in a later attempt.
+  const auto at = late.find("loaded the swarm's state at epoch ");
+  ASSERT_NE(at, std::string::npos) << late;
+  const auto first_failure = late.find("could not load the swarm's state");
+  const std::string loaded = late.substr(late.rfind('\n', at) + 1, late.find('\n', at) - late.rfind('\n', at) - 1);
+  std::printf("[swarm] donor %s killed after %.1f MB reached the newcomer; newcomer: %s\n", killed_id.c_str(),
+              static_cast<double>(at_kill) / 1e6, loaded.c_str());
+  const std::string first_load = late.substr(0, at);
+  for (size_t p = first_load.find("hivemind: state donor "); p != std::string::npos;
+       p = first_load.find("hivemind: state donor ", p + 1))
+    std::printf("[swarm] newcomer: %s\n", first_load.substr(p, first_load.find('\n', p) - p).c_str());
+  const double mb = std::stod(loaded.substr(loaded.find(" donor(s), ") + 11));
+  EXPECT_GE(mb, 100.0) << loaded;
+  // The killed donor was serving it: it failed mid-stream (not at its manifest).
+  const std::string mid_stream = "hivemind: state donor " + killed_id;
+  const auto failed_at = first_load.find(mid_stream);
+  const bool failed_mid_stream =
+      failed_at != std::string::npos &&
+      first_load.substr(failed_at, first_load.find('\n', failed_at) - failed_at).find("manifest:") == std::string::npos;
+  if (shaped) {
+    EXPECT_EQ(first_failure, std::string::npos) << late;
+    EXPECT_TRUE(failed_mid_stream) << "the killed donor " << killed_id << " did not fail mid-download:\n" << late;
+    EXPECT_GE(std::stoi(loaded.substr(loaded.find(" from ") + 6)), 2) << loaded;
+  } else if (!failed_mid_stream) {
+    std::printf("[swarm] on loopback the download ended before the kill landed: the donor's failure was not exercised\n");
+  }
+  const auto w0 = weights("peer0", kCompareAt);
+  EXPECT_EQ(max_difference(w0, weights("peer2", kCompareAt)), 0.0) << "peer 2 vs peer 0";
+  if (fs::exists(dir / "peer3" / ("global_step" + std::to_string(kCompareAt))))
+    EXPECT_EQ(max_difference(w0, weights("peer3", kCompareAt)), 0.0) << "the newcomer vs peer 0\n" << late;
+  else
+    ADD_FAILURE() << "the newcomer has no checkpoint at step " << kCompareAt << "\n" << late;
+}
+
 // A peer SIGKILLed in the middle of training and started again with its identity: the survivors
 // go on (no step of theirs waits beyond the averaging deadline), the restarted peer loads the
 // swarm's state from them instead of starting over, and at the end all three hold the same bits
@@ -546,7 +663,7 @@ TEST_F(Swarm, OffloadedUpdatesMatchAndDelayedOnesAreOneStepStale) {
 // no namespace can be made (not root), the client runs on this namespace's loopback and says so.
 TEST_F(Swarm, AClientModePeerWithNoInboundRouteTakesPartInTheRounds) {
   constexpr int kSteps = 20;
-  polytrain::testing::NoInboundNamespace ns;
+  polytrain::testing::PeerNamespace ns(/*block_inbound=*/true);
   std::string host = "127.0.0.1", client_ip = "127.0.0.1", client_exec;
   if (ns.ok) {
     ASSERT_FALSE(ns.connects(/*from_inside=*/false)) << "the namespace " << ns.name << " accepts inbound connections";

@@ -99,12 +99,12 @@ class OwnProcess {
   int status_ = 0;
 };
 
-/// Polls `done` every 50 ms for up to `seconds`; its last answer.
-inline bool wait_until(const std::function<bool()>& done, double seconds) {
+/// Polls `done` every `poll_ms` for up to `seconds`; its last answer.
+inline bool wait_until(const std::function<bool()>& done, double seconds, int poll_ms = 50) {
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   while (!done()) {
     if (std::chrono::steady_clock::now() >= end) return done();
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::this_thread::sleep_for(std::chrono::milliseconds(poll_ms));
   }
   return true;
 }

@@ -1,11 +1,12 @@
 // Test helper: a fresh scratch folder under the system temp dir, removed with everything in it
-// when the test is done. Removal never throws (a daemon a test started may still be deleting
+// when the test is done (kept, and named on stderr, with POLYTRAIN_KEEP_TEST_DIRS=1). Removal never throws (a daemon a test started may still be deleting
 // its own files there); a leftover folder is the worst case.
 #pragma once
 
 #include <stdlib.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -26,6 +27,10 @@ struct TempDir {
     path = tmpl;
   }
   ~TempDir() {
+    if (const char* keep = ::getenv("POLYTRAIN_KEEP_TEST_DIRS"); keep && *keep && *keep != '0') {
+      std::fprintf(stderr, "[temp dir] kept %s (POLYTRAIN_KEEP_TEST_DIRS)\n", path.c_str());
+      return;
+    }
     std::error_code ec;
     std::filesystem::remove_all(path, ec);
   }

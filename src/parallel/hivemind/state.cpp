@@ -420,7 +420,7 @@ struct Download {
 }  // namespace
 
 std::optional<StateSnapshot> download_state(const std::vector<DonorInfo>& donors, const DownloadOptions& o,
-                                            DownloadReport* report) {
+                                            DownloadReport* report, const std::vector<DonorInfo>& behind) {
   DownloadReport local;
   DownloadReport& rep = report ? *report : local;
   rep = DownloadReport{};
@@ -429,51 +429,95 @@ std::optional<StateSnapshot> download_state(const std::vector<DonorInfo>& donors
     rep.why_none = "no state donor announced itself";
     return std::nullopt;
   }
-  const DonorInfo& ref = donors.front();
+  const DonorInfo ref = donors.front();
   PT_CHECK(o.piece_bytes > 0 && o.chunk_bytes > 0 && o.chunk_bytes <= kMaxChunk, "download_state: bad piece/chunk");
   if (ref.size > o.max_bytes) {
     rep.why_none = "announced state of " + std::to_string(ref.size) + " bytes exceeds the limit";
     return std::nullopt;
   }
+  auto same = [&ref](const DonorInfo& d) { return d.epoch == ref.epoch && d.size == ref.size && d.digest == ref.digest; };
   Download dl(o, ref);
   dl.deadline = Clock::now() + o.timeout;
   dl.bytes.resize(ref.size);
   for (uint64_t at = 0; at < ref.size; at += o.piece_bytes) dl.pieces.push_back(at);
   dl.left = dl.pieces.size();
+  // Donors of the same state: those given, then those recruited below (a deque: the streams
+  // hold references to its elements while it grows). Up to max_donors streams run at once; a
+  // donor in the pool beyond them stands by and starts a stream when one ends.
+  std::deque<DonorInfo> pool(donors.begin(), donors.end());
+  size_t next = 0;
   std::vector<std::thread> streams;
-  for (const auto& d : donors) {
-    if (streams.size() >= std::max<size_t>(1, o.max_donors)) break;
-    if (d.epoch != ref.epoch || d.size != ref.size || d.digest != ref.digest) continue;
+  const size_t max_streams = std::max<size_t>(1, o.max_donors);
+  auto start_next = [&] {  // under dl.mu
+    while (next < pool.size() && !same(pool[next])) ++next;
+    if (next >= pool.size()) return false;
     ++dl.alive;
+    const DonorInfo& d = pool[next++];
     streams.emplace_back([&dl, &d] { dl.run(d); });
+    return true;
+  };
+  // Donors that were a step behind when asked (a newcomer arriving while the swarm steps finds
+  // some donors mid-step) are asked again for this state, each every 200 ms while the download
+  // lasts, at most next_chunk_timeout: one that reaches it joins the pool, so the download has
+  // several donors and outlives the death of the one it began with.
+  bool recruiting = !behind.empty(), stop = false;
+  std::thread recruiter;
+  if (recruiting) {
+    recruiter = std::thread([&] {
+      std::vector<DonorInfo> asking(behind);
+      const auto until = std::min(dl.deadline, Clock::now() + o.next_chunk_timeout);
+      while (!asking.empty()) {
+        for (size_t i = 0; i < asking.size();) {
+          {
+            std::lock_guard<std::mutex> lock(dl.mu);
+            if (stop || dl.left == 0) asking.clear();
+          }
+          if (asking.empty() || Clock::now() >= until) break;
+          std::string why;
+          auto m = fetch_manifest(asking[i].address, ref.epoch, std::min(until, after(std::chrono::milliseconds(1'000))), &why);
+          if (!m) {
+            ++i;  // not there yet (refused: still behind), or slow: asked again next pass
+            continue;
+          }
+          m->peer_id = asking[i].peer_id;
+          if (same(*m)) {
+            std::lock_guard<std::mutex> lock(dl.mu);
+            pool.push_back(std::move(*m));
+            dl.cv.notify_all();
+          }
+          asking.erase(asking.begin() + static_cast<std::ptrdiff_t>(i));  // recruited, or at another state
+        }
+        if (Clock::now() >= until) break;
+        std::unique_lock<std::mutex> lock(dl.mu);
+        dl.cv.wait_for(lock, std::chrono::milliseconds(200), [&] { return stop || dl.left == 0; });
+        if (stop || dl.left == 0) break;
+      }
+      std::lock_guard<std::mutex> lock(dl.mu);
+      recruiting = false;
+      dl.cv.notify_all();
+    });
   }
-  // Donors beyond max_donors stand by: when a stream fails and pieces are left, the next
-  // donor of the same state starts one.
-  size_t next = streams.size();
   {
     std::unique_lock<std::mutex> lock(dl.mu);
-    for (;;) {
-      dl.cv.wait_until(lock, dl.deadline, [&] { return dl.left == 0 || dl.alive < std::min(o.max_donors, donors.size()); });
-      if (dl.left == 0 || Clock::now() >= dl.deadline) break;
-      while (next < donors.size() && (donors[next].epoch != ref.epoch || donors[next].size != ref.size ||
-                                      donors[next].digest != ref.digest))
-        ++next;
-      if (next >= donors.size()) {
-        if (dl.alive == 0) break;
-        dl.cv.wait_until(lock, dl.deadline, [&] { return dl.left == 0 || dl.alive == 0; });
-        break;
-      }
-      ++dl.alive;
-      const DonorInfo& d = donors[next++];
-      streams.emplace_back([&dl, &d] { dl.run(d); });
+    while (dl.alive < max_streams && start_next()) {
     }
-  }
-  // Streams still working end by their own deadlines (every wait in run() is bounded by it);
-  // wake the ones waiting for a piece.
-  {
-    std::lock_guard<std::mutex> lock(dl.mu);
+    for (;;) {
+      dl.cv.wait_until(lock, dl.deadline, [&] {
+        return dl.left == 0 || (dl.alive < max_streams && next < pool.size()) || (dl.alive == 0 && !recruiting);
+      });
+      if (dl.left == 0 || Clock::now() >= dl.deadline) break;
+      if (dl.alive < max_streams && next < pool.size()) {
+        start_next();
+        continue;
+      }
+      if (dl.alive == 0 && !recruiting) break;
+    }
+    stop = true;
+    // Streams still working end by their own deadlines (every wait in run() is bounded by it);
+    // wake the ones waiting for a piece.
     dl.cv.notify_all();
   }
+  if (recruiter.joinable()) recruiter.join();  // at most one manifest request (1 s) away
   for (auto& t : streams) t.join();
   rep.donors_used = dl.used;
   rep.donors_failed = dl.failed;
@@ -562,8 +606,13 @@ std::optional<StateSnapshot> load_state_from_peers(DhtNode& dht, const std::stri
   DownloadOptions rest = o;
   rest.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
   if (rest.timeout.count() <= 0) rest.timeout = std::chrono::milliseconds(1);
-  auto chosen = choose_donors(std::move(candidates), rest);
-  auto got = download_state(chosen, rest, &rep);
+  auto chosen = choose_donors(candidates, rest);
+  // Donors a step or more behind the chosen state (mid-step when asked) are asked again.
+  std::vector<DonorInfo> behind;
+  if (!chosen.empty())
+    for (const auto& d : candidates)
+      if (d.epoch < chosen.front().epoch) behind.push_back(d);
+  auto got = download_state(chosen, rest, &rep, behind);
   rep.donors_failed.insert(rep.donors_failed.begin(), failed.begin(), failed.end());
   if (!got && announced.empty()) rep.why_none = "no state donor at epoch " + std::to_string(o.min_epoch) + " or later announced itself";
   return got;

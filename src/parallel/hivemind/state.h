@@ -155,8 +155,11 @@ std::optional<DonorInfo> fetch_manifest(const std::string& address, int64_t min_
 
 /// Downloads the snapshot all `donors` announce (same epoch, size and digest) before o.timeout;
 /// nullopt (and report->why_none) when no donor could finish it or the result does not match.
+/// Donors `behind` it (an older epoch: mid-step when asked) are asked again every 200 ms, for
+/// at most next_chunk_timeout while the download lasts; each that reaches it joins the download.
 std::optional<StateSnapshot> download_state(const std::vector<DonorInfo>& donors, const DownloadOptions& o,
-                                            DownloadReport* report = nullptr);
+                                            DownloadReport* report = nullptr,
+                                            const std::vector<DonorInfo>& behind = {});
 
 /// Reads the donors announced under `key`, asks up to 2 x max_donors of them (newest first) for
 /// their manifests, and downloads from the ones chosen.

@@ -80,7 +80,18 @@ void HivemindBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Co
     std::fprintf(stderr, "hivemind: offload_optimizer: the optimizer steps an fp32 copy of the parameters in CPU "
                  "memory%s\n", h_.delay_optimizer_step ? "; delay_optimizer_step: each update runs in the background while the next "
                  "micro-batches compute on the weights before it (one step stale)" : "");
-  config_json_ = config_to_json(cfg).dump();
+  {
+    // Served with the state, so the same on every peer of the swarm (the donors of one state
+    // agree on its digest, and a newcomer stripes its download over all of them): the settings
+    // the collaboration shares, not this peer's own (addresses, names, folders, threads).
+    const nlohmann::json all = config_to_json(cfg);
+    nlohmann::json shared = nlohmann::json::object();
+    for (const char* k : {"model", "optimizer", "scheduler", "gradient_clipping", "fp16", "bf16"})
+      if (all.contains(k)) shared[k] = all[k];
+    for (const char* k : {"run_id", "target_batch_size", "compression", "average_state_every", "average_opt_statistics"})
+      if (all.contains("hivemind") && all["hivemind"].contains(k)) shared["hivemind"][k] = all["hivemind"][k];
+    config_json_ = shared.dump();
+  }
   int64_t n = 0;
   for (const auto& p : params_) n += p.numel();
   // A state round carries the parameters and each averaged optimizer statistic of each.

@@ -99,7 +99,7 @@ class HivemindBackend : public ReplicatedBackend {
   std::unique_ptr<hivemind::ProgressTracker> tracker_;
   std::unique_ptr<hivemind::StateDonor> donor_;  ///< null in client mode
   std::unique_ptr<hivemind::MetricsPublisher> metrics_;  ///< `metrics` records for monitors
-  std::string config_json_;  ///< this peer's configuration, served with its state
+  std::string config_json_;  ///< the settings the swarm shares (model, optimizer, ...), served with the state
   at::Tensor loss_sum_;  ///< sum of what backward() received this step (scaled; no host sync per micro-batch)
   mutable int64_t mini_steps_ = 0;
   std::string address_;  ///< averaging address announced in groups ("" in client mode)

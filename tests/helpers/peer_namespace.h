@@ -1,9 +1,10 @@
-// Test helper: a network namespace a peer runs in with no inbound route, as a volunteer behind
-// a NAT or a firewall. A veth pair links this namespace (host_ip) to it (peer_ip); inside it an
-// nftables rule drops every packet that opens a flow (`ct state new`), so the peer connects out
-// and gets its answers while nothing can connect or send to it first. Needs root (or
-// CAP_NET_ADMIN), `ip` (iproute2) and `nft` (nftables), which scripts/setup.sh installs; where
-// it cannot be set up, `ok` is false and `why` names the command that failed.
+// Test helper: a network namespace a peer runs in, linked to this one by a veth pair (host_ip
+// here, peer_ip there). With `block_inbound`, as a volunteer behind a NAT or a firewall: an
+// nftables rule inside drops every packet that opens a flow (`ct state new`), so the peer
+// connects out and gets its answers while nothing can connect or send to it first.
+// limit_rate() shapes what flows into it (a slow link). Needs root (or CAP_NET_ADMIN), `ip` and
+// `tc` (iproute2) and `nft` (nftables), which scripts/setup.sh installs; where it cannot be set
+// up, `ok` is false and `why` names the command that failed.
 #pragma once
 
 #include <arpa/inet.h>
@@ -17,26 +18,30 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace polytrain::testing {
 
-class NoInboundNamespace {
+class PeerNamespace {
  public:
   std::string name, host_ip, peer_ip, why;
   bool ok = false;
 
-  NoInboundNamespace() {
+  explicit PeerNamespace(bool block_inbound) {
     const int pid = static_cast<int>(::getpid());
-    name = "pt_noinbound_" + std::to_string(pid);
+    name = "pt_peer_" + std::to_string(pid);
     host_if_ = "pth" + std::to_string(pid);  // interface names: at most 15 characters
     const std::string peer_if = "ptc" + std::to_string(pid);
-    const std::string net = "10.213." + std::to_string(pid % 250 + 1) + ".";
-    host_ip = net + "1";
-    peer_ip = net + "2";
+    // A /30 of 10.213.0.0/16 per process (16384 of them): tests running at once do not share one.
+    const int slot = pid % 16384;
+    const std::string net = "10.213." + std::to_string(slot / 64) + ".";
+    host_ip = net + std::to_string(slot % 64 * 4 + 1);
+    peer_ip = net + std::to_string(slot % 64 * 4 + 2);
     const std::string in = "ip netns exec " + name + " ";
-    const std::string steps[] = {
+    std::vector<std::string> steps = {
         "ip netns add " + name,
         "ip link add " + host_if_ + " type veth peer name " + peer_if,
         "ip link set " + peer_if + " netns " + name,
@@ -45,22 +50,29 @@ class NoInboundNamespace {
         in + "ip addr add " + peer_ip + "/30 dev " + peer_if,
         in + "ip link set " + peer_if + " up",
         in + "ip link set lo up",
-        in + "nft add table inet polytrain",
-        in + "nft 'add chain inet polytrain input { type filter hook input priority 0; policy accept; }'",
-        in + "nft add rule inet polytrain input ct state new counter drop",
     };
-    for (const auto& s : steps) {
-      if (std::system((s + " >/dev/null 2>&1").c_str()) != 0) {
-        why = "'" + s + "' failed";
-        return;
-      }
-      created_ = true;
-    }
-    ok = true;
+    if (block_inbound)
+      steps.insert(steps.end(), {in + "nft add table inet polytrain",
+                                 in + "nft 'add chain inet polytrain input { type filter hook input priority 0; policy accept; }'",
+                                 in + "nft add rule inet polytrain input ct state new counter drop"});
+    ok = run(steps);
   }
-  NoInboundNamespace(const NoInboundNamespace&) = delete;
-  NoInboundNamespace& operator=(const NoInboundNamespace&) = delete;
-  ~NoInboundNamespace() {
+
+  /// Shapes the traffic into the namespace to `rate` (tc's units: "200mbit").
+  bool limit_rate(const std::string& rate) {
+    return run({"tc qdisc add dev " + host_if_ + " root tbf rate " + rate + " burst 256kb latency 400ms"});
+  }
+
+  /// Bytes sent into the namespace so far.
+  long long bytes_in() const {
+    std::ifstream in("/sys/class/net/" + host_if_ + "/statistics/tx_bytes");
+    long long n = -1;
+    in >> n;
+    return n;
+  }
+  PeerNamespace(const PeerNamespace&) = delete;
+  PeerNamespace& operator=(const PeerNamespace&) = delete;
+  ~PeerNamespace() {
     if (!created_) return;
     std::system(("ip netns del " + name + " >/dev/null 2>&1").c_str());  // takes the veth pair with it
     std::system(("ip link del " + host_if_ + " >/dev/null 2>&1").c_str());
@@ -128,6 +140,17 @@ class NoInboundNamespace {
  private:
   std::string host_if_;
   bool created_ = false;
+
+  bool run(const std::vector<std::string>& steps) {
+    for (const auto& s : steps) {
+      if (std::system((s + " >/dev/null 2>&1").c_str()) != 0) {
+        why = "'" + s + "' failed";
+        return false;
+      }
+      created_ = true;
+    }
+    return true;
+  }
 
   static sockaddr_in address(const std::string& ip, int port) {
     sockaddr_in a{};
