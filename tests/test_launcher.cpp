@@ -311,6 +311,29 @@ TEST(Runners, PdshSshMpirunSrun) {
   EXPECT_NE(error_of([&] { srun_argv(o, uneven, {}); }).find("same number of slots"), std::string::npos);
 }
 
+TEST(Runners, RemoteExportsTakeTheLaunchersPrefixedVariablesThenTheEnvFile) {
+  ::setenv("ASAN_OPTIONS", "fast_unwind_on_malloc=0", 1);
+  ::setenv("NCCL_PT_TEST", "1", 1);
+  ::setenv("PT_TEST_PRIVATE", "secret", 1);
+  ::setenv("UCX_PT_TEST", "from env", 1);
+  const auto out = remote_exports({{"UCX_PT_TEST", "from file"}, {"A_B", "x"}});
+  ::unsetenv("ASAN_OPTIONS");
+  ::unsetenv("NCCL_PT_TEST");
+  ::unsetenv("PT_TEST_PRIVATE");
+  ::unsetenv("UCX_PT_TEST");
+  auto value = [&](const std::string& k) -> std::string {
+    for (const auto& [key, v] : out)
+      if (key == k) return v;
+    return "<absent>";
+  };
+  EXPECT_EQ(value("ASAN_OPTIONS"), "fast_unwind_on_malloc=0");
+  EXPECT_EQ(value("NCCL_PT_TEST"), "1");
+  EXPECT_EQ(value("PT_TEST_PRIVATE"), "<absent>");  // only the listed prefixes travel
+  EXPECT_EQ(value("UCX_PT_TEST"), "from file");     // .deepspeed_env wins
+  EXPECT_EQ(value("A_B"), "x");
+  EXPECT_NE(value("PATH"), "<absent>");
+}
+
 TEST(Runners, FindInPath) {
   EXPECT_FALSE(find_in_path("sh").empty());
   EXPECT_TRUE(find_in_path("no-such-binary-polytrain").empty());

@@ -174,7 +174,10 @@ std::string find_in_path(const std::string& name) {
 
 EnvList remote_exports(const EnvList& env_file_entries) {
   EnvList out;
-  static const char* kPrefixes[] = {"NCCL_", "GLOO_", "OMP_", "UCX_", "POLYTRAIN_"};
+  // The sanitizers' options too: a sanitized build run across hosts keeps its settings (a
+  // remote rank would otherwise fall back to the runtime's defaults, e.g. ASan's fast unwinder).
+  static const char* kPrefixes[] = {"NCCL_", "GLOO_", "OMP_", "UCX_", "POLYTRAIN_",
+                                    "ASAN_", "LSAN_", "UBSAN_", "TSAN_"};
   for (char** e = environ; e && *e; ++e) {
     const std::string kv(*e);
     const auto eq = kv.find('=');

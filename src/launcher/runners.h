@@ -77,8 +77,9 @@ Argv srun_argv(const LaunchOptions& o, const WorldPlan& plan, const EnvList& exp
 std::string find_in_path(const std::string& name);
 
 /// Variables of the launcher's own environment that travel to remote workers (as DeepSpeed's
-/// runner exports NCCL_*, PYTHON* ...): NCCL_, GLOO_, OMP_, UCX_, POLYTRAIN_ prefixes, PATH,
-/// LD_LIBRARY_PATH; then the .deepspeed_env entries.
+/// runner exports NCCL_*, PYTHON* ...): NCCL_, GLOO_, OMP_, UCX_, POLYTRAIN_ prefixes, the
+/// sanitizers' ASAN_, LSAN_, UBSAN_, TSAN_ options, PATH, LD_LIBRARY_PATH; then the
+/// .deepspeed_env entries (which win).
 EnvList remote_exports(const EnvList& env_file_entries);
 
 }  // namespace polytrain::launcher
