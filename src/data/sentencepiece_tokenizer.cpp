@@ -57,7 +57,18 @@ const SpmModule& spm_module() {
     std::string path = POLYTRAIN_SPM_MODULE;
     if (dladdr(reinterpret_cast<void*>(&spm_module), &info) != 0 && info.dli_fname != nullptr)
       path = (std::filesystem::path(info.dli_fname).parent_path() / POLYTRAIN_SPM_MODULE).string();
+#if defined(__SANITIZE_ADDRESS__)
+    // ASan's dlopen interceptor refuses RTLD_DEEPBIND (google/sanitizers#611: a deep-bound
+    // library's own malloc/free calls bypass the sanitizer's allocator). SentencePiece pairs its
+    // own malloc and free, and what crosses into polytrain is allocated through libstdc++, whose
+    // calls are bound to the sanitizer's allocator: a sanitizer build asks glibc's dlopen itself.
+    using Dlopen = void* (*)(const char*, int);
+    void* libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
+    const auto real_dlopen = libc ? reinterpret_cast<Dlopen>(dlsym(libc, "dlopen")) : nullptr;
+    void* lib = real_dlopen ? real_dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND) : nullptr;
+#else
     void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+#endif
     if (lib == nullptr) {
       const char* e = dlerror();
       m.error = "cannot load " + path + ": " + (e ? e : "unknown error");
