@@ -225,6 +225,14 @@ INSTANTIATE_TEST_SUITE_P(Signals, LauncherSignal,
                          ::testing::Values(SignalCase{"INT", SIGINT, 130}, SignalCase{"TERM", SIGTERM, 143}),
                          [](const auto& info) { return std::string(info.param.name); });
 
+#if defined(__SANITIZE_ADDRESS__)
+// LeakSanitizer cannot run in a traced process ("LeakSanitizer does not work under ptrace"):
+// what strace follows runs without it (every other launcher test checks the same programs).
+const std::string kUnderStrace = "ASAN_OPTIONS=detect_leaks=0 ";
+#else
+const std::string kUnderStrace;
+#endif
+
 // A group stopped right after it started: a rank fails at once while the launcher's newest
 // children are still between fork() and exec(). strace keeps each child there for 0.8 s
 // (prctl delayed) and spaces the forks (pipe2 delayed), so that the SIGTERM to those
@@ -236,7 +244,7 @@ INSTANTIATE_TEST_SUITE_P(Signals, LauncherSignal,
 TEST(Launch, GroupStoppedBeforeItsProcessesExecIsStillRestarted) {
   TempDir t;
   PT_SKIP_UNLESS(run("command -v strace", t.path).code == 0, "strace on PATH (Debian strace)");
-  auto r = run(env_prefix(t) + "strace -f -qq -o trace.txt -e trace=pipe2,prctl -e inject=pipe2:delay_enter=150000"
+  auto r = run(env_prefix(t) + kUnderStrace + "strace -f -qq -o trace.txt -e trace=pipe2,prctl -e inject=pipe2:delay_enter=150000"
                " -e inject=prctl:delay_enter=800000 " + kLaunch + " --num_gpus 4 --max_restarts 1 " + kProbe +
                " --fail_rank 0 --fail_while_restart_below 1 --sleep 0.3",
                t.path);
@@ -319,7 +327,7 @@ TEST(Launch, SignalsOnlyProcessesItStartedAndHasNotReaped) {
   TempDir t;
   PT_SKIP_UNLESS(run("command -v strace", t.path).code == 0, "strace on PATH (Debian strace)");
   fs::create_directories(t.path / "pids");
-  auto r = run(env_prefix(t) + "strace -f -qq -o trace.txt -e trace=kill,tkill,tgkill,pidfd_send_signal,clone,clone3,fork,vfork,"
+  auto r = run(env_prefix(t) + kUnderStrace + "strace -f -qq -o trace.txt -e trace=kill,tkill,tgkill,pidfd_send_signal,clone,clone3,fork,vfork,"
                "wait4,waitid,execve -e signal=none " + kLaunch + " --num_gpus 3 --term_timeout 1 " + kProbe +
                " --fail_rank 1 --exit_code 7 --fail_after 0.5 --sleep 60 --ignore_term --grandchild --detached_grandchild"
                " --pid_dir pids",

@@ -3,6 +3,7 @@
 // over the tensor-parallel group, and the consolidated model in and out of checkpoints.
 #include "polytrain/parallel/tensor_parallel/tp_backend.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <torch/nn/module.h>
 #include <torch/serialize/archive.h>
@@ -60,8 +61,16 @@ void TensorParallelBackend::prepare(std::shared_ptr<torch::nn::Module> model, co
                  "' has no tensor-parallel plan (supported: BERT / RoBERTa, GPT-2, T5); use env_type pytorchDDP "
                  "or deepspeed");
   // Dropout inside split regions: Megatron's model_parallel_cuda_manual_seed (seed + 2718 + tp_rank).
-  generator_ = at::globalContext().defaultGenerator(ctx_.device.is_cuda() ? ctx_.device : c10::Device(c10::kCPU)).clone();
-  generator_->set_current_seed(static_cast<uint64_t>(seed_ + 2718 + ctx_.tp_rank));
+  // On the CPU a new generator with that seed (the state a clone has after set_current_seed):
+  // libtorch 1.13's Generator::clone() never frees its copy (it reclaims a raw pointer whose
+  // weak count is 0), which LeakSanitizer reports.
+  const uint64_t seed = static_cast<uint64_t>(seed_ + 2718 + ctx_.tp_rank);
+  if (ctx_.device.is_cuda()) {
+    generator_ = at::globalContext().defaultGenerator(ctx_.device).clone();
+    generator_->set_current_seed(seed);
+  } else {
+    generator_ = at::detail::createCPUGenerator(seed);
+  }
   set_replayed_generators({*generator_});
   region_ = make_tp_region(*tp_);
   sharding_ = std::make_unique<TpSharding>(*model, planned->tensor_parallel_plan(), region_, *generator_);
