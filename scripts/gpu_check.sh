@@ -15,6 +15,10 @@ if [ "${1:-}" = --prepare ]; then
   rm -rf .deps && mkdir -p .deps
   cp -r /usr/include/nlohmann /usr/include/CLI .deps/
   cp -r /usr/src/googletest .deps/googletest
+  # PCRE2 for GPT-2's BPE tokenizer (train_gpt2): header and library, given to CMake by path.
+  mkdir -p .deps/pcre2/include .deps/pcre2/lib
+  cp /usr/include/pcre2.h .deps/pcre2/include/
+  cp -L /usr/lib/x86_64-linux-gnu/libpcre2-8.so.0 .deps/pcre2/lib/
   echo "prepared .deps ($(du -sh .deps | cut -f1)); carry .deps and .cache/assets"
   exit 0
 fi

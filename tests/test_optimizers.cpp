@@ -13,6 +13,7 @@
 #include "polytrain/common/config.h"
 #include "polytrain/common/error.h"
 #include "polytrain/trainer/lamb.h"
+#include "polytrain/trainer/multi_tensor_adam.h"
 #include "polytrain/trainer/optimizers.h"
 
 namespace polytrain {
@@ -231,6 +232,95 @@ TEST(Optimizers, SaveLoadContinuesIdentically) {
       EXPECT_TRUE(torch::equal(params[j].second, resumed[j].second)) << params[j].first;
     expect_matches(c, resumed, 5);
   }
+}
+
+// foreach: the per-parameter loop's arithmetic over whole lists (on the CPU the same values
+// bit for bit), against the golden trajectories; state interchangeable with the loop's.
+TEST(Optimizers, ForeachAdamMatchesTheGoldenAndThePerParameterLoop) {
+  int cases = 0;
+  for (const auto& c : golden().at("cases")) {
+    auto cfg = optimizer_from(c.at("config"));
+    const std::string type = c.at("config").at("type").get<std::string>();
+    if ((type != "Adam" && type != "AdamW") || cfg.amsgrad) continue;
+    SCOPED_TRACE(c.at("name").get<std::string>());
+    ++cases;
+    auto params = initial_params(), looped = initial_params();
+    auto foreach_cfg = cfg, loop_cfg = cfg;
+    foreach_cfg.foreach = true;
+    loop_cfg.foreach = false;
+    auto opt = make_optimizer(foreach_cfg, split_by_decay(foreach_cfg, params));
+    auto loop = make_optimizer(loop_cfg, split_by_decay(loop_cfg, looped));
+    auto step = [&](Optimizer& o, Named& p, int t) {
+      o.set_lr(c.at("lrs").at(t - 1).get<double>());
+      if (!c.at("beta1s").is_null()) o.set_beta1(c.at("beta1s").at(t - 1).get<double>());
+      set_gradients(p, t);
+      o.step();
+    };
+    for (int t = 1; t <= 3; ++t) {
+      step(*opt, params, t);
+      step(*loop, looped, t);
+      expect_matches(c, params, t);
+      for (size_t j = 0; j < params.size(); ++j)
+        EXPECT_TRUE(torch::equal(params[j].second, looped[j].second)) << params[j].first << " step " << t;
+    }
+    // The foreach optimizer's state continues in the loop, and the loop's in foreach.
+    std::stringstream a, b;
+    {
+      torch::serialize::OutputArchive oa, ob;
+      opt->save(oa), loop->save(ob);
+      oa.save_to(a), ob.save_to(b);
+    }
+    auto p2 = clone_params(params), l2 = clone_params(looped);
+    auto opt2 = make_optimizer(loop_cfg, split_by_decay(loop_cfg, p2));
+    auto loop2 = make_optimizer(foreach_cfg, split_by_decay(foreach_cfg, l2));
+    {
+      torch::serialize::InputArchive ia, ib;
+      ia.load_from(a), ib.load_from(b);
+      opt2->load(ia, "foreach state"), loop2->load(ib, "loop state");
+    }
+    for (int t = 4; t <= 5; ++t) step(*opt2, p2, t), step(*loop2, l2, t);
+    expect_matches(c, p2, 5);
+    expect_matches(c, l2, 5);
+  }
+  EXPECT_GE(cases, 2);
+}
+
+TEST(Optimizers, FusedAndForeachSettings) {
+  OptimizerConfig cfg;
+  auto params = initial_params();
+  cfg.fused = true;
+  cfg.foreach = true;
+  EXPECT_THROW(
+      {
+        try {
+          make_optimizer(cfg, split_by_decay(cfg, params));
+        } catch (const InputError& e) {
+          EXPECT_NE(std::string(e.what()).find("fused and foreach cannot both be true"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      InputError);
+  cfg.foreach.reset();
+  if (!fused_adam_available()) {  // LibTorch 1.x: said so, with what to use instead
+    try {
+      make_optimizer(cfg, split_by_decay(cfg, params));
+      ADD_FAILURE() << "fused accepted without the kernel";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("optimizer.params.fused needs LibTorch >= 2.0"), std::string::npos) << e.what();
+    }
+  }
+  cfg.fused.reset();
+  cfg.foreach = true;
+  cfg.amsgrad = true;
+  EXPECT_THROW(make_optimizer(cfg, split_by_decay(cfg, params)), InputError);
+  // The JSON keys: booleans or null, Adam/AdamW only.
+  auto parse = [](const std::string& params) {
+    return config_from_json(json::parse(R"({"train_batch_size": 1, "optimizer": {"type": "AdamW", "params": )" + params + "}}"),
+                            "cfg.json");
+  };
+  EXPECT_EQ(parse(R"({"fused": true})").optimizer.fused, std::optional<bool>(true));
+  EXPECT_FALSE(parse(R"({"foreach": null})").optimizer.foreach.has_value());
+  EXPECT_THROW(parse(R"({"fused": "yes"})"), InputError);
 }
 
 TEST(Optimizers, LambStateRoundTrips) {

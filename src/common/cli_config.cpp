@@ -80,6 +80,7 @@ void add_config_flags(CLI::App& app, ConfigFlags& flags) {
              "recompute activations in backward");
   add_switch(app, flags, "--save_safetensors", trainer("save_safetensors"), true,
              "also write model.safetensors with checkpoints");
+  add_switch(app, flags, "--tf32", trainer("tf32"), true, "fp32 matrix products in TF32 on CUDA (trainer.tf32)");
   add_switch(app, flags, "--no_progress_bar", trainer("progress_bar"), false, "no progress bar");
   add_value<int64_t>(app, flags, "--model_parallel_size", trainer("model_parallel_size"),
                      "tensor-parallel size (world = model_parallel_size x data-parallel size)");

@@ -35,6 +35,11 @@ struct OptimizerConfig {
   bool bias_correction = true; ///< Adam/AdamW/Lamb (Lamb: `debias`)
   double clamp_value = 10.0;   ///< Lamb trust-ratio clamp (torch_optimizer / hivemind)
   bool amsgrad = false;
+  /// Adam/AdamW, as torch.optim's: `fused` one kernel for all parameters (at::_fused_adamw_,
+  /// LibTorch >= 2.0), `foreach` a few multi-tensor kernels (any LibTorch, any device), neither:
+  /// libtorch's per-parameter loop. Unset (null): fused for CUDA parameters where LibTorch has
+  /// it, else foreach on CUDA, the per-parameter loop on the CPU.
+  std::optional<bool> fused, foreach;
   double momentum = 0.0;       ///< SGD
   double dampening = 0.0;      ///< SGD
   bool nesterov = false;       ///< SGD
@@ -215,6 +220,9 @@ struct ModelConfig {
   /// polytrain: with labels, compute the LM loss chunk by chunk without materialising the
   /// [tokens, vocab] logits (same loss and gradients to rounding; logits are not returned).
   bool fused_lm_loss = true;
+  /// Attention: "auto" (sdpa on CUDA, eager elsewhere), "eager" (the exact math), "sdpa"
+  /// (LibTorch's fused kernels); models/attention.h.
+  std::string attn_implementation = "auto";
   /// Other HF keys (architectures, torch_dtype, ...) kept verbatim for export.
   nlohmann::json extra = nlohmann::json::object();
 };
@@ -244,6 +252,9 @@ struct TrainerOptions {
   std::string load_dir;               ///< resume from the latest checkpoint here
   std::string experiments_dir = "experiments";
   std::string experiment_name = "default";
+  /// fp32 matrix products on CUDA in TF32 (torch.set_float32_matmul_precision("high")); off:
+  /// full fp32 ("highest", PyTorch's default). No effect on the CPU.
+  bool tf32 = false;
   std::string exp_type = "train";
   uint64_t seed = 1234;
   std::string pytorch_device = "cpu"; ///< cpu, cuda, cuda:N

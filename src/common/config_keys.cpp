@@ -249,6 +249,12 @@ void ObjectReader::operator()(const char* key, std::optional<int64_t>& v,
   if (!to_int64(*j, w)) type_error(used, *j, kExpected);
   v = w;
 }
+void ObjectReader::operator()(const char* key, std::optional<bool>& v, std::initializer_list<const char*> aliases) {
+  POLYTRAIN_FIND("a boolean (true/false) or null");
+  if (j->is_null()) return void(v.reset());
+  if (!j->is_boolean()) type_error(used, *j, kExpected);
+  v = j->get<bool>();
+}
 #undef POLYTRAIN_FIND
 
 void ObjectReader::pair(const char* key, double& first, double& second) {

@@ -138,6 +138,7 @@ class ObjectReader {
                   std::initializer_list<const char*> aliases = {});
   void operator()(const char* key, std::optional<int64_t>& v,
                   std::initializer_list<const char*> aliases = {});
+  void operator()(const char* key, std::optional<bool>& v, std::initializer_list<const char*> aliases = {});
   /// A two-number array such as Adam's `betas`.
   void pair(const char* key, double& first, double& second);
 
@@ -189,6 +190,9 @@ class ObjectWriter {
                   std::initializer_list<const char*> = {}) {
     out[key] = v ? json(*v) : json(nullptr);
   }
+  void operator()(const char* key, const std::optional<bool>& v, std::initializer_list<const char*> = {}) {
+    out[key] = v ? json(*v) : json(nullptr);
+  }
   void operator()(const char* key, NullableString v, std::initializer_list<const char*> = {}) {
     out[key] = v.value.empty() ? json(nullptr) : json(v.value);
   }
@@ -218,6 +222,7 @@ void visit(V& v, OptimizerConfig& o) {
     v("bias_correction", o.bias_correction, {"debias"}), v("clamp_value", o.clamp_value);
   } else {
     v("bias_correction", o.bias_correction), v("adam_w_mode", o.adam_w_mode);
+    if (o.type != "CPUAdam") v("fused", o.fused), v("foreach", o.foreach);
   }
 }
 
@@ -315,6 +320,7 @@ void visit(V& v, ModelConfig& m) {
   v("layer_norm_eps", m.layer_norm_eps), v("initializer_range", m.initializer_range);
   v("pad_token_id", m.pad_token_id), v("tie_word_embeddings", m.tie_word_embeddings);
   v("sparse_prediction", m.sparse_prediction), v("fused_lm_loss", m.fused_lm_loss);
+  v("attn_implementation", m.attn_implementation);
 }
 
 template <class V>
@@ -332,7 +338,7 @@ void visit(V& v, TrainerOptions& t) {
   v("eval_interval", t.eval_interval), v("log_interval", t.log_interval);
   v("save_interval", t.save_interval), v("save_dir", t.save_dir), v("load_dir", t.load_dir);
   v("experiments_dir", t.experiments_dir), v("experiment_name", t.experiment_name);
-  v("exp_type", t.exp_type), v("seed", t.seed), v("pytorch_device", t.pytorch_device);
+  v("exp_type", t.exp_type), v("seed", t.seed), v("pytorch_device", t.pytorch_device), v("tf32", t.tf32);
   v("num_threads", t.num_threads), v("checkpoint_activations", t.checkpoint_activations);
   v("save_safetensors", t.save_safetensors), v("keep_last", t.keep_last);
   v("progress_bar", t.progress_bar), v("comm_backend", t.comm_backend), v("comm_timeout", t.comm_timeout);

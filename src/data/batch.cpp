@@ -18,7 +18,11 @@ int64_t Batch::size() const {
 
 Batch Batch::to(c10::Device device) const {
   Batch out;
-  for (const auto& [name, t] : tensors) out.tensors[name] = t.to(device);
+  // To a GPU: from page-locked memory, asynchronously (the copy is queued on the current
+  // stream behind the work before it; the host does not wait for it).
+  const bool async = device.is_cuda();
+  for (const auto& [name, t] : tensors)
+    out.tensors[name] = async && t.device().is_cpu() ? t.pin_memory().to(device, /*non_blocking=*/true) : t.to(device);
   return out;
 }
 

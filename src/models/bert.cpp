@@ -65,7 +65,8 @@ at::Tensor BertEmbeddingsImpl::forward(const at::Tensor& input_ids, const at::Te
 }
 
 BertSelfAttentionImpl::BertSelfAttentionImpl(const ModelConfig& cfg)
-    : head_dim_(cfg.hidden_size / cfg.num_attention_heads) {
+    : head_dim_(cfg.hidden_size / cfg.num_attention_heads),
+      attn_impl_(parse_attn_impl(cfg.attn_implementation, "model.attn_implementation")) {
   query = register_module("query", Linear(cfg.hidden_size, cfg.hidden_size));
   key = register_module("key", Linear(cfg.hidden_size, cfg.hidden_size));
   value = register_module("value", Linear(cfg.hidden_size, cfg.hidden_size));
@@ -76,6 +77,11 @@ at::Tensor BertSelfAttentionImpl::forward(const at::Tensor& x, const at::Tensor&
   const int64_t b = x.size(0), l = x.size(1);
   auto split = [&](const at::Tensor& t) { return t.view({b, l, -1, head_dim_}).transpose(1, 2); };
   auto q = split(query(x)), k = split(key(x)), v = split(value(x));
+  if (use_sdpa(attn_impl_, q, *dropout)) {
+    const double p = dropout->is_training() ? dropout->p : 0.0;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
+    return sdpa(q, k, v, additive_mask, false, scale, p).transpose(1, 2).contiguous().view({b, l, -1});
+  }
   auto scores = torch::matmul(q, k.transpose(-1, -2)) / std::sqrt(static_cast<double>(head_dim_));
   if (additive_mask.defined()) scores = scores + additive_mask;
   auto probs = dropout(torch::softmax(scores, -1));

@@ -15,6 +15,7 @@
 #include "polytrain/common/config.h"
 #include "polytrain/models/bert_config.h"
 #include "polytrain/models/activation_checkpoint.h"
+#include "polytrain/models/attention.h"
 #include "polytrain/models/model_output.h"
 #include "polytrain/models/tp_layers.h"
 
@@ -41,6 +42,7 @@ struct BertSelfAttentionImpl : torch::nn::Module {
   Linear query{nullptr}, key{nullptr}, value{nullptr};
   Dropout dropout{nullptr};  ///< attention probabilities: the tensor-parallel stream when split
   int64_t head_dim_;         ///< the local head count is read from the projections' width
+  AttnImpl attn_impl_;
 };
 TORCH_MODULE(BertSelfAttention);
 

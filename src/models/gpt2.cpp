@@ -49,6 +49,7 @@ Gpt2AttentionImpl::Gpt2AttentionImpl(const Gpt2Config& cfg, int64_t layer_idx) :
   c_proj = register_module("c_proj", Gpt2Conv1D(cfg.n_embd, cfg.n_embd));
   attn_dropout = register_module("attn_dropout", Dropout(cfg.attn_pdrop));
   resid_dropout = register_module("resid_dropout", torch::nn::Dropout(cfg.resid_pdrop));
+  attn_impl_ = parse_attn_impl(cfg.attn_implementation, "model.attn_implementation");
   scale_ = 1.0;
   if (cfg.scale_attn_weights) scale_ /= std::sqrt(static_cast<double>(head_dim_));
   if (cfg.scale_attn_by_inverse_layer_idx) scale_ /= static_cast<double>(layer_idx + 1);
@@ -60,6 +61,15 @@ at::Tensor Gpt2AttentionImpl::forward(const at::Tensor& x, const at::Tensor& mas
   auto qkv = fused.split(fused.size(-1) / 3, 2);
   auto heads = [&](const at::Tensor& t) { return t.view({b, l, -1, head_dim_}).transpose(1, 2); };
   auto q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
+  if (use_sdpa(attn_impl_, q, *attn_dropout)) {
+    // A [1, 1, L, L] mask is GPT2Model's causal mask alone: the kernels' own causal path.
+    const bool causal_only = masked.size(0) == 1;
+    at::Tensor additive;
+    if (!causal_only) additive = torch::zeros(masked.sizes(), q.options().dtype(torch::kFloat)).masked_fill(masked, std::numeric_limits<float>::lowest());
+    const double p = attn_dropout->is_training() ? attn_dropout->p : 0.0;
+    auto ctx = sdpa(q, k, v, additive, causal_only, scale_, p).transpose(1, 2).reshape({b, l, -1});
+    return resid_dropout(c_proj(ctx));
+  }
   auto scores = torch::matmul(q, k.transpose(-1, -2));
   if (scale_ != 1.0) scores = scores * scale_;
   // HF: masked scores become finfo.min (a fully masked row, a left-padded query, gets a

@@ -13,6 +13,7 @@
 #include <torch/nn/modules/normalization.h>
 
 #include "polytrain/models/activation_checkpoint.h"
+#include "polytrain/models/attention.h"
 #include "polytrain/models/gpt2_config.h"
 #include "polytrain/models/model_output.h"
 #include "polytrain/models/tp_layers.h"
@@ -40,6 +41,7 @@ struct Gpt2AttentionImpl : torch::nn::Module {
   Dropout attn_dropout{nullptr};  ///< on this rank's heads: the tensor-parallel stream when split
   torch::nn::Dropout resid_dropout{nullptr};
   int64_t head_dim_;  ///< the local head count is read from c_attn's width
+  AttnImpl attn_impl_;
   double scale_;
 };
 TORCH_MODULE(Gpt2Attention);

@@ -33,6 +33,9 @@ Gpt2Config gpt2_config_from_json(const nlohmann::json& j, const std::string& ori
   c.bos_token_id = r.get<int64_t>("bos_token_id", c.bos_token_id);
   c.eos_token_id = r.get<int64_t>("eos_token_id", c.eos_token_id);
   c.fused_lm_loss = r.get<bool>("fused_lm_loss", true);
+  c.attn_implementation = r.get<std::string>("attn_implementation", c.attn_implementation);
+  if (c.attn_implementation != "auto" && c.attn_implementation != "eager" && c.attn_implementation != "sdpa")
+    r.fail("attn_implementation", "must be \"auto\", \"eager\" or \"sdpa\", got \"" + c.attn_implementation + "\"");
   if (c.n_embd % c.n_head != 0)
     r.fail("n_embd", "(" + std::to_string(c.n_embd) + ") must be divisible by n_head (" +
                          std::to_string(c.n_head) + ")");
@@ -42,7 +45,7 @@ Gpt2Config gpt2_config_from_json(const nlohmann::json& j, const std::string& ori
                                  "embd_pdrop", "attn_pdrop", "layer_norm_epsilon", "initializer_range",
                                  "scale_attn_weights", "scale_attn_by_inverse_layer_idx",
                                  "reorder_and_upcast_attn", "tie_word_embeddings", "bos_token_id",
-                                 "eos_token_id", "fused_lm_loss"};
+                                 "eos_token_id", "fused_lm_loss", "attn_implementation"};
   for (const auto& item : j.items()) {
     bool known = false;
     for (const char* k : kKnown) known = known || item.key() == k;

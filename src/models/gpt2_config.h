@@ -30,6 +30,9 @@ struct Gpt2Config {
   /// polytrain: with labels, compute the loss without the [tokens, vocab] logits
   /// (models/fused_lm_loss.h); logits are then not returned.
   bool fused_lm_loss = true;
+  /// polytrain: "auto" (sdpa on CUDA, eager elsewhere), "eager" (the exact math) or "sdpa"
+  /// (models/attention.h).
+  std::string attn_implementation = "auto";
   nlohmann::json extra = nlohmann::json::object();  ///< other HF keys, kept for export
 };
 

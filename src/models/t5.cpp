@@ -102,6 +102,7 @@ T5AttentionImpl::T5AttentionImpl(const T5Config& cfg, bool has_relative_attentio
     relative_attention_bias =
         register_module("relative_attention_bias", Embedding(num_buckets_, cfg.num_heads));
   attn_dropout = register_module("attn_dropout", Dropout(cfg.dropout_rate));
+  attn_impl_ = parse_attn_impl(cfg.attn_implementation, "model.attn_implementation");
 }
 
 at::Tensor T5AttentionImpl::compute_bias(int64_t query_length, int64_t key_length) const {
@@ -118,6 +119,10 @@ at::Tensor T5AttentionImpl::forward(const at::Tensor& x, const at::Tensor& kv, c
   const int64_t heads = q->weight.size(0) / d_kv_;  // this rank's heads
   auto split = [&](const at::Tensor& t) { return t.view({b, -1, heads, d_kv_}).transpose(1, 2); };
   auto qs = split(q(x)), ks = split(k(kv)), vs = split(v(kv));
+  if (use_sdpa(attn_impl_, qs, *attn_dropout)) {  // scale 1: T5 folds 1/sqrt(d_kv) into q's init
+    const double p = attn_dropout->is_training() ? attn_dropout->p : 0.0;
+    return o(sdpa(qs, ks, vs, bias, false, 1.0, p).transpose(1, 2).contiguous().view({b, -1, heads * d_kv_}));
+  }
   auto scores = torch::matmul(qs, ks.transpose(3, 2));  // no 1/sqrt(d_kv): T5 folds it into q's init
   // HF adds in place, keeping the scores' dtype under autocast.
   if (bias.defined()) scores = (scores + bias).to(scores.scalar_type());

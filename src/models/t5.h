@@ -12,6 +12,7 @@
 #include <torch/nn/modules/linear.h>
 
 #include "polytrain/models/activation_checkpoint.h"
+#include "polytrain/models/attention.h"
 #include "polytrain/models/model_output.h"
 #include "polytrain/models/t5_config.h"
 #include "polytrain/models/tp_layers.h"
@@ -39,6 +40,7 @@ struct T5AttentionImpl : torch::nn::Module {
   Linear q{nullptr}, k{nullptr}, v{nullptr}, o{nullptr};
   Embedding relative_attention_bias{nullptr};  ///< [buckets, heads]; split by heads under tensor parallelism
   Dropout attn_dropout{nullptr};  ///< attention weights (F.dropout in HF): the tensor-parallel stream when split
+  AttnImpl attn_impl_ = AttnImpl::kAuto;
   int64_t d_kv_, num_buckets_, max_distance_;  ///< the local head count is read from q's width
   bool bidirectional_;
   double dropout_;

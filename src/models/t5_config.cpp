@@ -60,6 +60,9 @@ T5Config t5_config_from_json(const nlohmann::json& j, const std::string& origin)
   c.eos_token_id = r.get<int64_t>("eos_token_id", c.eos_token_id);
   // HF's T5 configs set it to the pad token; absent, generation falls back to pad_token_id too.
   c.decoder_start_token_id = r.get<int64_t>("decoder_start_token_id", c.pad_token_id);
+  c.attn_implementation = r.get<std::string>("attn_implementation", c.attn_implementation);
+  if (c.attn_implementation != "auto" && c.attn_implementation != "eager" && c.attn_implementation != "sdpa")
+    r.fail("attn_implementation", "must be \"auto\", \"eager\" or \"sdpa\", got \"" + c.attn_implementation + "\"");
 
   if (!(c.layer_norm_epsilon > 0)) r.fail("layer_norm_epsilon", "must be > 0");
   if (!(c.initializer_factor > 0)) r.fail("initializer_factor", "must be > 0");
@@ -97,7 +100,7 @@ T5Config t5_config_from_json(const nlohmann::json& j, const std::string& origin)
       "num_decoder_layers", "num_heads", "num_attention_heads", "relative_attention_num_buckets",
       "relative_attention_max_distance", "dropout_rate", "layer_norm_epsilon", "initializer_factor",
       "feed_forward_proj", "tie_word_embeddings", "pad_token_id", "eos_token_id", "decoder_start_token_id",
-      "dense_act_fn", "is_gated_act"};
+      "dense_act_fn", "is_gated_act", "attn_implementation"};
   for (auto it = j.begin(); it != j.end(); ++it)
     if (!kRead.count(it.key())) c.extra[it.key()] = it.value();
   return c;

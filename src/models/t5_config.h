@@ -22,6 +22,8 @@ struct T5Config {
   /// false (v1.1): lm_head.weight of its own, no scaling.
   bool tie_word_embeddings = true;
   int64_t pad_token_id = 0, eos_token_id = 1, decoder_start_token_id = 0;
+  /// polytrain: "auto" (sdpa on CUDA, eager elsewhere), "eager" or "sdpa" (models/attention.h).
+  std::string attn_implementation = "auto";
   nlohmann::json extra = nlohmann::json::object();  ///< other HF keys, kept for export
 
   int64_t decoder_layers() const { return num_decoder_layers < 0 ? num_layers : num_decoder_layers; }

@@ -7,15 +7,18 @@
 #include <algorithm>
 #include <cctype>
 #include <map>
+#include <optional>
 #include <set>
 #include <unordered_set>
 
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include "polytrain/common/config.h"
 #include "polytrain/common/error.h"
 #include "polytrain/trainer/cpu_adam.h"
 #include "polytrain/trainer/lamb.h"
+#include "polytrain/trainer/multi_tensor_adam.h"
 #include "polytrain/trainer/optim_state_key.h"
 
 namespace polytrain {
@@ -185,14 +188,27 @@ at::Tensor statistic_of(const torch::optim::AdagradParamState& s, const std::str
 template <typename State>
 class TorchOptimizer final : public Optimizer {
  public:
-  TorchOptimizer(const OptimizerConfig& cfg, std::unique_ptr<torch::optim::Optimizer> opt, std::vector<ParamGroup> groups)
-      : name_(cfg.type), opt_(std::move(opt)) {
+  /// multi: for Adam/AdamW, the multi-tensor mode (nullopt: chosen at the first step by the
+  /// parameters' device); kOff for every other optimizer.
+  TorchOptimizer(const OptimizerConfig& cfg, std::unique_ptr<torch::optim::Optimizer> opt, std::vector<ParamGroup> groups,
+                 std::optional<MultiTensorMode> multi = MultiTensorMode::kOff, bool decoupled = false)
+      : name_(cfg.type), opt_(std::move(opt)), multi_(multi), decoupled_(decoupled) {
     for (auto& n : optimizer_statistics(cfg)) statistic_names_.insert(n);
     for (auto& g : groups)
       for (auto& [n, t] : g.params) params_.emplace_back(n, t);
   }
   std::string name() const override { return name_; }
-  void step() override { opt_->step(); }
+  void step() override {
+    if (!multi_) {  // auto: one kernel (or a few) per group on a GPU, libtorch's loop on the CPU
+      bool cuda = false;
+      for (const auto& [n, p] : params_) cuda = cuda || p.is_cuda();
+      multi_ = !cuda ? MultiTensorMode::kOff : fused_adam_available() ? MultiTensorMode::kFused : MultiTensorMode::kForeach;
+    }
+    if (*multi_ == MultiTensorMode::kOff)
+      opt_->step();
+    else
+      multi_tensor_adam_step(*opt_, *multi_, decoupled_, fused_steps_);
+  }
   void zero_grad() override {
     for (auto& [n, p] : params_)
       if (p.grad().defined()) p.mutable_grad().zero_();
@@ -247,6 +263,7 @@ class TorchOptimizer final : public Optimizer {
     PT_INPUT_CHECK(saved.size() == params_.size(), origin, ": optimizer state for ", saved.size(),
                    " parameters, this optimizer has ", params_.size());
     opt_->state().clear();
+    fused_steps_.by_param.clear();  // the fused kernels' step tensors are made again from the loaded steps
     for (size_t k = 0; k < params_.size(); ++k)
       if (loaded[k]) opt_->state()[optimizer_state_key<Key>(params_[k].second)] = std::move(loaded[k]);
   }
@@ -266,6 +283,9 @@ class TorchOptimizer final : public Optimizer {
 
   std::string name_;
   std::unique_ptr<torch::optim::Optimizer> opt_;
+  std::optional<MultiTensorMode> multi_;
+  bool decoupled_;
+  FusedAdamSteps fused_steps_;
   NamedParams params_;
   std::set<std::string> statistic_names_;
 };
@@ -276,10 +296,22 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, std::vecto
   const std::string type = lower(cfg.type);
   if (type == "cpuadam") return make_cpu_adam(cfg, std::move(groups));
   auto opt = build_torch(cfg, groups);
-  if (type == "adam" && !cfg.adam_w_mode)
-    return std::make_unique<TorchOptimizer<torch::optim::AdamParamState>>(cfg, std::move(opt), std::move(groups));
-  if (type == "adam" || type == "adamw")
-    return std::make_unique<TorchOptimizer<torch::optim::AdamWParamState>>(cfg, std::move(opt), std::move(groups));
+  if (type == "adam" || type == "adamw") {
+    PT_INPUT_CHECK(!(cfg.fused.value_or(false) && cfg.foreach.value_or(false)),
+                   "optimizer.params: fused and foreach cannot both be true (as in torch.optim)");
+    PT_INPUT_CHECK(!cfg.fused.value_or(false) || fused_adam_available(),
+                   "optimizer.params.fused needs LibTorch >= 2.0 (this build has ", TORCH_VERSION_MAJOR, ".",
+                   TORCH_VERSION_MINOR, "); set foreach instead");
+    PT_INPUT_CHECK(!cfg.amsgrad || !(cfg.fused.value_or(false) || cfg.foreach.value_or(false)),
+                   "optimizer.params.amsgrad runs in libtorch's per-parameter loop only; drop fused/foreach");
+    std::optional<MultiTensorMode> multi;  // unset: by device at the first step
+    if (cfg.fused.value_or(false)) multi = MultiTensorMode::kFused;
+    else if (cfg.foreach.value_or(false)) multi = MultiTensorMode::kForeach;
+    else if (cfg.fused || cfg.foreach || cfg.amsgrad) multi = MultiTensorMode::kOff;  // asked off, or amsgrad
+    if (type == "adam" && !cfg.adam_w_mode)
+      return std::make_unique<TorchOptimizer<torch::optim::AdamParamState>>(cfg, std::move(opt), std::move(groups), multi, false);
+    return std::make_unique<TorchOptimizer<torch::optim::AdamWParamState>>(cfg, std::move(opt), std::move(groups), multi, true);
+  }
   if (type == "lamb") return std::make_unique<TorchOptimizer<LambParamState>>(cfg, std::move(opt), std::move(groups));
   if (type == "sgd")
     return std::make_unique<TorchOptimizer<torch::optim::SGDParamState>>(cfg, std::move(opt), std::move(groups));

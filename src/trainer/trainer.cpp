@@ -273,6 +273,7 @@ void Trainer::setup(const std::shared_ptr<torch::nn::Module>& model, const Batch
   PT_INPUT_CHECK(!cfg_.fp16.enabled || ctx.device.is_cuda(),
                  "fp16.enabled needs a CUDA device (trainer.pytorch_device cuda); on CPU use bf16.enabled");
   if (cfg_.fp16.enabled) scaler_.emplace(cfg_.fp16);
+  if (ctx.device.is_cuda()) at::globalContext().setFloat32MatmulPrecision(opts.tf32 ? "high" : "highest");
   const AmpPlan amp = amp_plan(cfg_.amp);
   if (amp.enabled) {
     PT_INPUT_CHECK(amp.half != "float16" || ctx.device.is_cuda(),
@@ -362,7 +363,7 @@ StepResult Trainer::train_step(torch::nn::Module& model, const BatchSource& data
   const c10::Device device = b.context().device;
   const int64_t readers = b.data_shard().members;
   const double per_step = static_cast<double>(b.samples_per_step());
-  double loss_sum = 0.0;  // sum over micro-batches of (mean loss x samples)
+  at::Tensor loss_sum;  // sum over micro-batches of (mean loss x samples), on the device: read once per step
   int64_t m = 0, samples = 0;
   for (int64_t n; (n = b.next_micro_batch(m, samples)) > 0; ++m) {
     auto t0 = Clock::now();
@@ -383,14 +384,18 @@ StepResult Trainer::train_step(torch::nn::Module& model, const BatchSource& data
     const bool last = b.next_micro_batch(m + 1, samples + n) == 0;
     b.backward(scaled / (per_step / static_cast<double>(n)), MicroStep{n, last});
     interval_ms_[2] += ms_since(t0);
-    loss_sum += out.loss.detach().item<double>() * static_cast<double>(n);
+    auto weighted = out.loss.detach().to(torch::kDouble) * static_cast<double>(n);
+    loss_sum = loss_sum.defined() ? loss_sum + weighted : weighted;
     samples += n;
   }
   PT_CHECK(samples > 0, b.name(), " asked for no micro-batch in step ", step_ + 1);
+  // The step's host syncs on a GPU: this read of the loss (once the backward is queued) and
+  // the gradient norm in b.step; the next batch is made and copied while the update runs.
+  const double loss_total = loss_sum.item<double>();
   const auto t0 = Clock::now();
   const StepResult r = b.step(request, step_);
   interval_ms_[3] += ms_since(t0);
-  *loss = b.reduce_metric(loss_sum / static_cast<double>(samples));
+  *loss = b.reduce_metric(loss_total / static_cast<double>(samples));
   return r;
 }
 
