@@ -99,7 +99,7 @@ def build(kind, tiny, seq, dec_seq, dev):
             return {"input_ids": ids.to(dev), "labels": labels.to(dev), "token_type_ids": torch.zeros_like(ids).to(dev)}
         return m, inputs, lambda mm, x: mm(**x).loss
     if kind == "t5":
-        cfg = transformers.T5Config(dropout_rate=0.0)
+        cfg = transformers.T5Config(dropout_rate=0.0, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
         if tiny:
             cfg.d_model, cfg.d_kv, cfg.d_ff, cfg.num_layers, cfg.num_decoder_layers, cfg.num_heads, cfg.vocab_size = \
                 64, 32, 128, 2, 2, 2, 1000

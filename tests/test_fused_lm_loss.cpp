@@ -76,6 +76,34 @@ INSTANTIATE_TEST_SUITE_P(Cases, FusedLmLoss,
                                            Case{true, 1, 0.85}, Case{false, 1000, 0.0}),
                          [](const auto& info) { return "case" + std::to_string(info.index); });
 
+// The GPU's bf16 path (matmuls in bf16, log-softmax and accumulators in fp32), run on the CPU:
+// against the float64 dense reference to bf16 rounding.
+TEST(FusedLmLoss, Bf16MatmulsMatchTheReferenceToBf16Rounding) {
+  torch::manual_seed(4);
+  const int64_t n = 40, hsz = 32, v = 300;
+  auto h0 = torch::randn({n, hsz}, torch::kDouble), w0 = torch::randn({v, hsz}, torch::kDouble) * 0.3;
+  auto b0 = torch::randn({v}, torch::kDouble) * 0.1;
+  auto labels = torch::randint(0, v, {n}, torch::kLong);
+  labels.masked_fill_(torch::rand({n}) < 0.3, -100);
+  auto run = [&](bool fused) {
+    auto h = h0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true), bb = b0.clone().requires_grad_(true);
+    at::Tensor loss;
+    if (fused) {
+      loss = fused_linear_cross_entropy(h.to(torch::kFloat), w.to(torch::kFloat), bb.to(torch::kFloat), labels, -100, 16,
+                                        torch::kBFloat16);
+    } else {
+      loss = F::cross_entropy(F::linear(h, w, bb), labels, F::CrossEntropyFuncOptions().ignore_index(-100));
+    }
+    loss.backward();
+    return std::make_tuple(loss.detach().to(torch::kDouble), h.grad(), w.grad(), bb.grad());
+  };
+  auto [lf, hf, wf, bf] = run(true);
+  auto [ld, hd, wd, bd] = run(false);
+  EXPECT_NEAR(lf.item<double>(), ld.item<double>(), 1e-2 * std::abs(ld.item<double>()));
+  for (auto [got, want] : {std::make_pair(hf, hd), std::make_pair(wf, wd), std::make_pair(bf, bd)})
+    EXPECT_LT((got - want).norm().item<double>() / want.norm().item<double>(), 2e-2);
+}
+
 TEST(FusedLmLoss, NoLabelledRowsIsNaNLikeTorch) {
   auto h = torch::randn({4, 8}).requires_grad_(true);
   auto w = torch::randn({10, 8}).requires_grad_(true);

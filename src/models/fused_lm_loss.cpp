@@ -5,6 +5,7 @@
 
 #include <torch/torch.h>
 
+#include "polytrain/common/autocast.h"
 #include "polytrain/common/error.h"
 
 namespace polytrain {
@@ -26,9 +27,51 @@ struct Grads {
 // gradients of that sum with respect to h, W and b. Every row is projected (the same matmul
 // FLOPs as the dense path); weight 0 rows (ignore_index) drop out of loss and gradients.
 // One [chunk, V] logits buffer and one log-probability buffer are reused for every chunk.
+// reduced: the dtype of the matmul operands when it is not h's (bf16 or fp16 under autocast on
+// a GPU): logits in that dtype, log-softmax and every accumulator (loss, dh, dW, db) in fp32.
+at::Tensor reduced_chunked_loss(const at::Tensor& h, const at::Tensor& w, const at::Tensor& b, const at::Tensor& y,
+                                const at::Tensor& row_weight, int64_t chunk, bool need_h, bool need_w, bool need_b,
+                                Grads* g, at::ScalarType reduced) {
+  const int64_t n = h.size(0);
+  auto loss = at::zeros({}, h.options());
+  if (g) {
+    if (need_h) g->dh = at::empty_like(h);
+    if (need_w) g->dw = at::zeros_like(w);
+    if (need_b && b.defined()) g->db = at::zeros_like(b);
+  }
+  if (n == 0) return loss;
+  chunk = std::min(chunk, n);
+  const auto hm = h.to(reduced), wm = w.to(reduced), wmt = wm.t();
+  const auto bm = b.defined() ? b.to(reduced) : b;
+  auto minus_one = at::full({chunk, 1}, -1.0, h.options());
+  for (int64_t i = 0; i < n; i += chunk) {
+    const int64_t c = std::min(chunk, n - i);
+    auto hc = hm.narrow(0, i, c);
+    auto yc = y.narrow(0, i, c).unsqueeze(1);
+    auto rw = row_weight.narrow(0, i, c);
+    auto logits = bm.defined() ? at::addmm(bm, hc, wmt) : at::mm(hc, wmt);
+    auto logp = logits.is_cuda() ? at::_log_softmax(logits, 1, /*half_to_float=*/true)
+                                 : at::_log_softmax(logits.to(at::kFloat), 1, false);  // no half_to_float on the CPU
+    logits = at::Tensor();
+    loss.sub_(at::dot(logp.gather(1, yc).squeeze(1), rw));
+    if (!g) continue;
+    auto p = logp.exp_();
+    p.scatter_add_(1, yc, minus_one.narrow(0, 0, c));
+    auto rw_col = rw.unsqueeze(1);
+    if (g->db.defined()) g->db.addmv_(p.t(), rw);
+    auto pm = p.to(reduced);
+    p = logp = at::Tensor();
+    if (need_h) g->dh.narrow(0, i, c).copy_(at::mm(pm, wm).mul_(rw_col.to(reduced)));
+    if (need_w) g->dw.add_(at::mm(pm.t(), (h.narrow(0, i, c) * rw_col).to(reduced)));
+  }
+  return loss;
+}
+
 at::Tensor chunked_loss(const at::Tensor& h, const at::Tensor& w, const at::Tensor& b, const at::Tensor& y,
                         const at::Tensor& row_weight, int64_t chunk, bool need_h, bool need_w, bool need_b,
-                        Grads* g) {
+                        Grads* g, at::ScalarType reduced = at::kFloat) {
+  if ((reduced == at::kBFloat16 || reduced == at::kHalf) && reduced != h.scalar_type())
+    return reduced_chunked_loss(h, w, b, y, row_weight, chunk, need_h, need_w, need_b, g, reduced);
   const int64_t n = h.size(0), v = w.size(0);
   auto loss = at::zeros({}, h.options());
   if (g) {
@@ -72,14 +115,23 @@ at::Tensor chunked_loss(const at::Tensor& h, const at::Tensor& w, const at::Tens
   return loss;
 }
 
-int64_t default_chunk(int64_t v) {
-  return std::max<int64_t>(16, (int64_t{32} << 20) / (4 * std::max<int64_t>(v, 1)));
+// CPU: ~32 MB of fp32 logits per chunk (cache-sized). GPU: ~1 GiB, so each chunk's matmuls
+// fill the device (GPT-2: ~5300 rows, a dozen chunks at 64 x 1024 tokens).
+int64_t default_chunk(int64_t v, bool gpu) {
+  return std::max<int64_t>(16, (gpu ? int64_t{1} << 30 : int64_t{32} << 20) / (4 * std::max<int64_t>(v, 1)));
+}
+
+// The matmul dtype: the autocast dtype on a GPU under autocast, else fp32.
+at::ScalarType matmul_dtype(const at::Tensor& hidden) {
+  if (!hidden.is_cuda()) return at::kFloat;
+  return autocast_type(c10::DeviceType::CUDA).value_or(at::kFloat);
 }
 
 // Flattened rows, labels made safe for gather (ignore_index -> 0) and weights 1/n or 0.
 struct Rows {
   at::Tensor h, y, weight;
-  int64_t labelled;
+  int64_t labelled;   ///< on the CPU
+  at::Tensor count;   ///< on a GPU: the labelled count stays there (no host sync); labelled is -1
 };
 
 Rows flatten(const at::Tensor& hidden, const at::Tensor& labels, int64_t ignore_index) {
@@ -87,6 +139,13 @@ Rows flatten(const at::Tensor& hidden, const at::Tensor& labels, int64_t ignore_
   r.h = compute_dtype(hidden).reshape({-1, hidden.size(-1)}).contiguous();
   auto y = labels.reshape({-1});
   auto valid = y.ne(ignore_index);
+  if (hidden.is_cuda()) {
+    r.labelled = -1;
+    r.count = valid.sum();
+    r.y = y.masked_fill(~valid, 0);
+    r.weight = valid.to(r.h.scalar_type()) / r.count.clamp_min(1).to(r.h.scalar_type());
+    return r;
+  }
   r.labelled = valid.sum().item<int64_t>();
   r.y = y.masked_fill(~valid, 0);
   // 0/0 -> NaN loss when nothing is labelled, as torch's cross_entropy.
@@ -97,6 +156,7 @@ Rows flatten(const at::Tensor& hidden, const at::Tensor& labels, int64_t ignore_
 }
 
 at::Tensor finish(const at::Tensor& sum, const Rows& r, at::ScalarType dtype) {
+  if (r.count.defined()) return at::where(r.count.gt(0), sum, at::full({}, std::nan(""), sum.options())).to(dtype);
   auto loss = r.labelled > 0 ? sum : at::full({}, std::nan(""), sum.options());
   return loss.to(dtype);
 }
@@ -104,14 +164,14 @@ at::Tensor finish(const at::Tensor& sum, const Rows& r, at::ScalarType dtype) {
 struct FusedLinearCE : torch::autograd::Function<FusedLinearCE> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
                             const at::Tensor& bias_or_empty, const at::Tensor& labels, int64_t ignore_index,
-                            int64_t chunk) {
+                            int64_t chunk, int64_t matmul) {
     // libtorch 1.13's Function::apply rejects undefined inputs: "no bias" arrives as numel 0.
     const at::Tensor bias = bias_or_empty.numel() > 0 ? bias_or_empty : at::Tensor();
     auto rows = flatten(hidden, labels, ignore_index);
     Grads g;
     auto sum = chunked_loss(rows.h, compute_dtype(weight), bias.defined() ? compute_dtype(bias) : bias, rows.y,
                             rows.weight, chunk, ctx->needs_input_grad(0), ctx->needs_input_grad(1),
-                            bias.defined() && ctx->needs_input_grad(2), &g);
+                            bias.defined() && ctx->needs_input_grad(2), &g, static_cast<at::ScalarType>(matmul));
     if (g.dh.defined()) ctx->saved_data["dh"] = g.dh.to(hidden.scalar_type()).reshape(hidden.sizes());
     if (g.dw.defined()) ctx->saved_data["dw"] = g.dw.to(weight.scalar_type());
     if (g.db.defined()) ctx->saved_data["db"] = g.db.to(bias.scalar_type());
@@ -120,7 +180,7 @@ struct FusedLinearCE : torch::autograd::Function<FusedLinearCE> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
     const auto& go = grad_out[0];
-    variable_list grads(6);
+    variable_list grads(7);
     auto& sd = ctx->saved_data;
     if (sd.count("dh")) grads[0] = sd["dh"].toTensor() * go;
     if (sd.count("dw")) grads[1] = sd["dw"].toTensor() * go;
@@ -133,21 +193,23 @@ struct FusedLinearCE : torch::autograd::Function<FusedLinearCE> {
 
 at::Tensor fused_linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
                                       const at::Tensor& bias, const at::Tensor& labels,
-                                      int64_t ignore_index, int64_t chunk_rows) {
+                                      int64_t ignore_index, int64_t chunk_rows,
+                                      std::optional<at::ScalarType> matmul) {
   PT_CHECK(hidden.size(-1) == weight.size(1), "fused_linear_cross_entropy: hidden size ",
            hidden.size(-1), " does not match weight ", weight.sizes());
   PT_CHECK(hidden.numel() / hidden.size(-1) == labels.numel(), "fused_linear_cross_entropy: ",
            labels.numel(), " labels for ", hidden.numel() / hidden.size(-1), " rows");
-  const int64_t chunk = chunk_rows > 0 ? chunk_rows : default_chunk(weight.size(0));
+  const int64_t chunk = chunk_rows > 0 ? chunk_rows : default_chunk(weight.size(0), hidden.is_cuda());
+  const at::ScalarType mm = matmul.value_or(matmul_dtype(hidden));
   const bool grad = at::GradMode::is_enabled() &&
                     (hidden.requires_grad() || weight.requires_grad() || (bias.defined() && bias.requires_grad()));
   if (grad) {
     return FusedLinearCE::apply(hidden, weight, bias.defined() ? bias : at::empty({0}, weight.options()), labels,
-                                ignore_index, chunk);
+                                ignore_index, chunk, static_cast<int64_t>(mm));
   }
   auto rows = flatten(hidden, labels, ignore_index);
   auto sum = chunked_loss(rows.h, compute_dtype(weight), bias.defined() ? compute_dtype(bias) : bias, rows.y,
-                          rows.weight, chunk, false, false, false, nullptr);
+                          rows.weight, chunk, false, false, false, nullptr, mm);
   return finish(sum, rows, hidden.scalar_type());
 }
 

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 
 #include <ATen/core/Tensor.h>
 
@@ -21,10 +22,14 @@ struct TpSlot;
 /// where no prediction is wanted). Returns the mean loss over labelled rows (NaN when there
 /// are none, as torch's cross_entropy). Differentiable w.r.t. hidden, weight and bias.
 /// chunk_rows <= 0 picks ~32 MB of logits per chunk (256 rows at V = 30522: measured best of
-/// 2, 8, 32, 64, 128 MB on bench_bert_step tiny; smaller chunks re-read dW more often).
+/// 2, 8, 32, 64, 128 MB on bench_bert_step tiny; smaller chunks re-read dW more often); on a
+/// GPU ~1 GiB. matmul: the dtype of the matmul operands; unset: the autocast dtype on a GPU
+/// under autocast (bf16/fp16 logits, fp32 log-softmax and accumulators), else fp32. On a GPU
+/// the labelled count stays on the device: no host sync.
 at::Tensor fused_linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
                                       const at::Tensor& bias, const at::Tensor& labels,
-                                      int64_t ignore_index = -100, int64_t chunk_rows = 0);
+                                      int64_t ignore_index = -100, int64_t chunk_rows = 0,
+                                      std::optional<at::ScalarType> matmul = std::nullopt);
 
 struct LmHeadOutput {
   at::Tensor loss;    ///< undefined without labels

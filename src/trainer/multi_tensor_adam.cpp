@@ -57,10 +57,13 @@ void step_groups(torch::optim::Optimizer& opt, MultiTensorMode mode, bool decoup
         std::vector<at::Tensor> steps;
         for (const auto& p : params) {
           auto& t = fused_steps.by_param[p.unsafeGetTensorImpl()];
-          if (!t.defined() || t.device() != p.device())  // the kernel adds 1 itself
+          if (!t.defined() || t.device() != p.device())
             t = torch::full({}, static_cast<double>(step - 1), p.options().dtype(torch::kFloat));
           steps.push_back(t);
         }
+        // As torch.optim's _fused_adamw: the counts are advanced first; the kernel reads them
+        // for the bias corrections (a count of 0 would divide by 1 - beta^0 = 0).
+        at::_foreach_add_(steps, 1.0);
         if (decoupled)
           at::_fused_adamw_(params, grads, m, v, at::TensorList(), steps, lr, b1, b2, wd, eps, false, false);
         else

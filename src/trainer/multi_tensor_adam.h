@@ -22,8 +22,9 @@ enum class MultiTensorMode { kOff, kForeach, kFused };
 /// Whether this LibTorch has the fused Adam/AdamW kernels (>= 2.0).
 bool fused_adam_available();
 
-/// The fused kernels keep each parameter's step count as a float tensor on its device (they
-/// increment it themselves); the host's int step in the libtorch state is kept in step.
+/// The fused kernels read each parameter's step count from a float tensor on its device
+/// (advanced before each call, as torch.optim does); the host's int step in the libtorch
+/// state is kept in step with it.
 struct FusedAdamSteps {
   std::unordered_map<const void*, at::Tensor> by_param;  ///< TensorImpl* -> step tensor
 };
