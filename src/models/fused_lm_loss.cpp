@@ -50,8 +50,10 @@ at::Tensor reduced_chunked_loss(const at::Tensor& h, const at::Tensor& w, const 
     auto yc = y.narrow(0, i, c).unsqueeze(1);
     auto rw = row_weight.narrow(0, i, c);
     auto logits = bm.defined() ? at::addmm(bm, hc, wmt) : at::mm(hc, wmt);
-    auto logp = logits.is_cuda() ? at::_log_softmax(logits, 1, /*half_to_float=*/true)
-                                 : at::_log_softmax(logits.to(at::kFloat), 1, false);  // no half_to_float on the CPU
+    // half_to_float exists for fp16 on CUDA only (not bf16, not the CPU): else upcast first.
+    auto logp = logits.is_cuda() && logits.scalar_type() == at::kHalf
+                    ? at::_log_softmax(logits, 1, /*half_to_float=*/true)
+                    : at::_log_softmax(logits.to(at::kFloat), 1, false);
     logits = at::Tensor();
     loss.sub_(at::dot(logp.gather(1, yc).squeeze(1), rw));
     if (!g) continue;
