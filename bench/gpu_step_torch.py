@@ -7,9 +7,11 @@ tied head, F.scaled_dot_product_attention(is_causal=True)); BERT-base and T5-sma
 transformers' BertForMaskedLM (attn_implementation="sdpa") and T5ForConditionalGeneration.
 Random tokens, dropout off, the same data shapes as the C++ side.
 
-Usage: gpu_step_torch.py MODEL eager|compile BATCHES SEQ STEPS [DEC_SEQ]
+Usage: gpu_step_torch.py MODEL eager|compile[-profile] BATCHES SEQ STEPS [DEC_SEQ]
        gpu_step_torch.py gemm      (bf16 8192^3 matmul TFLOP/s: the measured ceiling)
-Prints "key value" lines (batch, ms_per_step, tokens_per_s, peak_mem_gb, loss).
+Prints "key value" lines (batch, ms_per_step, tokens_per_s, peak_mem_gb, loss). With
+-profile: STEPS steps under torch.profiler, printed as bench_gpu_profile prints polytrain's
+(wall, GPU busy and idle per step, busy time by kind of kernel, the 12 longest kernels).
 """
 import math
 import sys
@@ -113,6 +115,54 @@ def build(kind, tiny, seq, dec_seq, dev):
     raise SystemExit(f"unknown model {kind}")
 
 
+def kind_of(name):
+    n = name.lower()
+    has = lambda *ks: any(k in n for k in ks)
+    if has("memcpy", "memset"): return "copies"
+    if has("flash", "fmha", "attention"): return "attention"
+    if has("multi_tensor_apply", "adam"): return "optimizer (multi-tensor)"
+    if has("gemm", "gemv", "nvjet", "cutlass", "xmma", "cublas", "sm90_"): return "matmul"
+    if has("layer_norm", "layernorm"): return "layernorm"
+    if has("softmax", "nll", "cross_entropy", "scatter", "gather"): return "softmax / CE"
+    if has("reduce"): return "reductions"
+    if has("elementwise", "vectorized", "unrolled"): return "elementwise"
+    return "other"
+
+
+def profile(step, x, steps):
+    from torch.profiler import ProfilerActivity, profile as tprofile
+    torch.cuda.synchronize()
+    with tprofile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step(x)
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) * 1000
+    spans, kinds, kernels = [], {}, {}
+    for e in prof.profiler.kineto_results.events():
+        if e.device_type() == torch.autograd.DeviceType.CPU:
+            continue
+        s, d = e.start_ns(), e.duration_ns()
+        spans.append((s, s + d))
+        kinds[kind_of(e.name())] = kinds.get(kind_of(e.name()), 0) + d / 1e6
+        kernels[e.name()] = kernels.get(e.name(), 0) + d / 1e6
+    spans.sort()
+    busy, cs, ce = 0, 0, 0
+    for s, e in spans:
+        if s > ce:
+            busy += (ce - cs) / 1e6
+            cs, ce = s, e
+        else:
+            ce = max(ce, e)
+    busy += (ce - cs) / 1e6
+    print(f"steps {steps}\nwall_ms_per_step {wall / steps:.2f}\ngpu_busy_ms_per_step {busy / steps:.2f}\n"
+          f"gpu_idle_ms_per_step {(wall - busy) / steps:.2f}")
+    for k, ms in sorted(kinds.items(), key=lambda kv: -kv[1]):
+        print(f"kind {k:26s} {ms / steps:9.2f} ms/step")
+    for k, ms in sorted(kernels.items(), key=lambda kv: -kv[1])[:12]:
+        print(f"kernel {ms / steps:9.2f} ms/step  {k[:110]}")
+
+
 def main():
     if sys.argv[1] == "gemm":
         print(f"gemm_bf16_tflops {gemm_tflops():.1f}")
@@ -132,6 +182,8 @@ def main():
     no_decay = [p for p in params if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=1e-4, **({"fused": True} if dev == "cuda" else {}))
+    profiling = mode.endswith("-profile")
+    mode = mode[:-len("-profile")] if profiling else mode
     run = torch.compile(model) if mode == "compile" else model
 
     def step(x):
@@ -162,6 +214,10 @@ def main():
         sys.exit(1)
     for _ in range(4 if mode == "compile" else 2):
         step(x)
+    if profiling:
+        print(f"model {name}\nmode {mode}-profile\nbatch {batch}")
+        profile(step, x, steps)
+        return
     if dev == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
