@@ -146,6 +146,26 @@ cpp gpt2 bf16,tf32,fused "$GB" 1024 "$STEPS"          # eager attention
 cpp gpt2 sdpa,tf32,fused "$GB" 1024 "$STEPS"          # fp32 (TF32 matmuls)
 cpp bert bf16,sdpa,tf32,fused,dense "$BB" 512 "$STEPS"  # BERT's head at every position, as HF
 cpp gpt2 exact "16,8" 1024 3                          # fp32, eager, no TF32, per-parameter AdamW
+# Issue 16's Apex levels on the GPU: train_gpt2 (GPT-2 124M, 16 x 1024, 30 steps on the corpus)
+# at amp O0 (fp32), O1 (fp16 autocast + dynamic loss scale) and O2 (fp16 weights, fp32 master
+# weights): ms/step and the caching allocator's peak from the last step line.
+if [ -x build-gpu/train_gpt2 ]; then
+  for lvl in O0 O1 O2; do
+    $PY - "$lvl" > "/tmp/amp_$lvl.json" <<'PY'
+import json, sys
+lvl = sys.argv[1]
+c = json.load(open("configs/gpt2_tiny.json"))
+c["train_batch_size"] = c["train_micro_batch_size_per_gpu"] = 16
+c["model"].update({"n_positions": 1024, "n_embd": 768, "n_layer": 12, "n_head": 12})
+c["data"]["max_seq_length"] = 1024
+c["trainer"].update({"max_steps": 30, "log_interval": 10, "eval_interval": 0, "save_interval": 0})
+c["amp"] = {"enabled": lvl != "O0", "opt_level": lvl}
+print(json.dumps(c))
+PY
+    run "amp $lvl" 90 build-gpu/train_gpt2 --config "/tmp/amp_$lvl.json" --pytorch_device cuda --no_progress_bar \
+      --experiments_dir /tmp/amp --experiment_name "$lvl"
+  done
+fi
 $PY - "$RES" <<'PY' | tee "$OUT/summary.txt"
 import glob, json, re, sys
 blocks, cur = {}, None
@@ -195,6 +215,13 @@ for tag in ("profile polytrain gpt2 fast", "profile python gpt2 eager"):
             if line.startswith("== "): inside = line[3:].strip() == tag; continue
             if inside and line.split(" ")[0] in ("batch", "wall_ms_per_step", "gpu_busy_ms_per_step", "gpu_idle_ms_per_step", "kind", "kernel"):
                 print("   " + line.rstrip())
+for lvl in ("O0", "O1", "O2"):
+    last = None
+    inside = False
+    for line in open(sys.argv[1]):
+        if line.startswith("== "): inside = line[3:].strip() == f"amp {lvl}"; continue
+        if inside and line.startswith("step 30/30"): last = line.strip()
+    if last: print(f"amp {lvl}: {last}")
 f = blocks.get("polytrain gpt2 fast", {})
 if f: print(f"fast path phases: forward {f.get('forward_ms')} ms, backward {f.get('backward_ms')} ms, update {f.get('update_ms')} ms")
 b = blocks.get("polytrain bert bf16,sdpa,tf32,fused,dense")

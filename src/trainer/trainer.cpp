@@ -9,6 +9,10 @@
 // the world size.
 #include "polytrain/trainer/trainer.h"
 
+#ifdef POLYTRAIN_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -432,6 +436,14 @@ void Trainer::record_step(const StepResult& r, double loss, double lr) {
                      fmt("%.1f", ms_per_step) + " ms/step | lr " + fmt("%.3e", lr) + " | loss " + fmt("%.4f", loss) +
                      " | " + fmt("%.1f", samples_per_s) + " samples/s" +
                      (scaler_ ? " | loss scale " + fmt("%.0f", scaler_->scale()) : "");
+#ifdef POLYTRAIN_WITH_CUDA
+  if (backend_->context().device.is_cuda()) {  // the caching allocator's peak since the start
+    const auto index = backend_->context().device.index() < 0 ? 0 : backend_->context().device.index();
+    const double peak_gb = c10::cuda::CUDACachingAllocator::getDeviceStats(index).allocated_bytes[0].peak / 1e9;
+    fields["gpu_mem_peak_gb"] = peak_gb;
+    line += " | GPU peak " + fmt("%.2f", peak_gb) + " GB";
+  }
+#endif
   if (r.group_size > 0) {  // a swarm's step: how many peers it averaged with
     fields["group_size"] = r.group_size;
     line += " | group " + std::to_string(r.group_size);
