@@ -473,8 +473,7 @@ std::optional<StateSnapshot> download_state(const std::vector<DonorInfo>& donors
             if (stop || dl.left == 0) asking.clear();
           }
           if (asking.empty() || Clock::now() >= until) break;
-          std::string why;
-          auto m = fetch_manifest(asking[i].address, ref.epoch, std::min(until, after(std::chrono::milliseconds(1'000))), &why);
+          auto m = fetch_manifest(asking[i].address, ref.epoch, std::min(until, after(std::chrono::milliseconds(1'000))));
           if (!m) {
             ++i;  // not there yet (refused: still behind), or slow: asked again next pass
             continue;
