@@ -27,7 +27,8 @@ class Gpt2Trainer : public Trainer {
   using Trainer::Trainer;
   ModelOutput forward_step(const Batch& batch, torch::nn::Module& model) override {
     auto& gpt2 = dynamic_cast<Gpt2LMHeadModelImpl&>(model);
-    return gpt2.forward(batch.at("input_ids"), batch.at("attention_mask"), batch.at("labels"));
+    const at::Tensor mask = batch.has("attention_mask") ? batch.at("attention_mask") : at::Tensor();
+    return gpt2.forward(batch.at("input_ids"), mask, batch.at("labels"));
   }
 };
 

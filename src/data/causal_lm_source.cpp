@@ -16,8 +16,9 @@ Batch CausalLmBatchSource::make_batch(const std::vector<int64_t>& indices, int64
   const auto g = dataset_.gather(subset_, indices);
   for (int64_t r = 0; r < b; ++r) std::copy(g.samples[r]->begin(), g.samples[r]->end(), out + r * l);
   Batch batch;
+  // Packed blocks have no padding: no attention_mask, so GPT-2's attention keeps the causal
+  // kernels (flash on a GPU) instead of a materialised [B, 1, L, L] mask of ones.
   batch.set("input_ids", ids);
-  batch.set("attention_mask", torch::ones_like(ids));
   batch.set("labels", ids);
   return batch;
 }
