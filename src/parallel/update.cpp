@@ -2,6 +2,7 @@
 // or clip, step.
 #include "polytrain/parallel/update.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <torch/torch.h>
@@ -32,9 +33,11 @@ void scale_grads(const std::vector<at::Tensor>& params, double coef) {
 double grad_sq_sum(const std::vector<at::Tensor>& params) {
   auto grads = defined_grads(params);
   if (grads.empty()) return 0.0;
-  if (grads.front().is_cuda()) {
+  const bool fp32 = std::all_of(grads.begin(), grads.end(), [](const at::Tensor& g) { return g.scalar_type() == at::kFloat; });
+  if (grads.front().is_cuda() && fp32) {
     // On a GPU: per-tensor norms in one multi-tensor kernel (float accumulation), their
-    // squares summed in float64; 3 launches instead of 3 per tensor.
+    // squares summed in float64; 3 launches instead of 3 per tensor. Half gradients (amp
+    // O2/O3) keep the per-tensor float64 path: a norm returned in fp16 could overflow.
     return torch::stack(at::_foreach_norm(grads)).to(torch::kDouble).pow(2).sum().item<double>();
   }
   std::vector<at::Tensor> sums;
