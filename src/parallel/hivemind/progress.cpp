@@ -167,6 +167,15 @@ GlobalProgress ProgressTracker::global(bool refresh) {
   return global_;
 }
 
+GlobalProgress ProgressTracker::global_by(std::chrono::steady_clock::time_point until) {
+  std::unique_lock<std::mutex> lock(mu_);
+  fetch_wanted_ = true;
+  cv_.notify_all();
+  cv_.wait_until(lock, std::min(until, std::chrono::steady_clock::now() + std::chrono::seconds(5)),
+                 [&] { return !fetch_wanted_ || stop_; });
+  return global_;
+}
+
 bool ProgressTracker::publish_now() {
   std::lock_guard<std::mutex> one_at_a_time(publish_mu_);
   PeerProgress p;

@@ -89,6 +89,9 @@ class ProgressTracker {
   void update_epoch(int64_t epoch);
   /// The last aggregated view (refreshed in the background); `refresh` fetches now first.
   GlobalProgress global(bool refresh = false);
+  /// As global(true), waiting for the fetch no later than `until` (the last aggregate when
+  /// it is not in by then).
+  GlobalProgress global_by(std::chrono::steady_clock::time_point until);
   int64_t local_epoch() const;
   int64_t local_samples() const;
   /// This peer's throughput (moving average over its micro-batches).

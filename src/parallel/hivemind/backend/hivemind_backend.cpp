@@ -393,6 +393,10 @@ void HivemindBackend::average_state(const void* group, std::chrono::steady_clock
 
 StepResult HivemindBackend::step(const StepRequest& request, int64_t step) {
   finish_update();
+  // One deadline for everything step() waits on (the progress refreshes, matchmaking, the
+  // gradient and state rounds): a slow DHT fetch under faults shortens the round instead of
+  // stretching the step past averaging_timeout.
+  const auto deadline = std::chrono::steady_clock::now() + ms(h_.averaging_timeout);
   const int64_t local = accounted_;
   PT_CHECK(local > 0, "hivemind step with no local samples");
   stepped_ = true;
@@ -409,7 +413,7 @@ StepResult HivemindBackend::step(const StepRequest& request, int64_t step) {
   {
     // The swarm finished this epoch's round without this peer (it ran late, or was loading):
     // nobody is left to average with. Its local progress is dropped and the state reloaded.
-    const auto g = tracker_->global(true);
+    const auto g = tracker_->global_by(deadline);
     bool others_here = false;
     for (const auto& p : g.others)
       if (!p.client_mode && p.epoch == round_epoch) others_here = true;
@@ -436,14 +440,13 @@ StepResult HivemindBackend::step(const StepRequest& request, int64_t step) {
   mo.target_group_size = static_cast<size_t>(h_.target_group_size);
   mo.bandwidth = h_.bandwidth;
   // The leader starts as soon as every peer that announced samples for this epoch joined.
-  auto expected = [this, round_epoch]() -> size_t {
-    const auto g = tracker_->global(true);
+  auto expected = [this, round_epoch, deadline]() -> size_t {
+    const auto g = tracker_->global_by(deadline);
     size_t n = 1;
     for (const auto& p : g.others)
       if (p.epoch == round_epoch && p.samples_accumulated + p.samples_in_flight > 0) ++n;
     return n;
   };
-  const auto deadline = std::chrono::steady_clock::now() + ms(h_.averaging_timeout);
   const auto group = matchmaker_->find_group(mo, expected, deadline);
   known_peers_.clear();
   size_t averaged = 1;
