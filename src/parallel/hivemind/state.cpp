@@ -149,7 +149,8 @@ StateDonor::StateDonor(DhtNode* dht, Router& router, std::string key, std::strin
 
 StateDonor::~StateDonor() {
   // The router outlives nothing here: the owner stops its server (which joins the streams)
-  // before destroying the donor.
+  // before destroying the donor. An announcement in flight ends within its store timeout.
+  if (announcer_.joinable()) announcer_.join();
 }
 
 void StateDonor::set_provider(Provider p) {
@@ -200,13 +201,19 @@ void StateDonor::announce(int64_t epoch) {
     std::lock_guard<std::mutex> lock(mu_);
     const bool fresh = announced_at_ != Clock::time_point{} && now - announced_at_ < ttl_ / 2;
     announced_epoch_ = epoch;
-    if (!dht_ || fresh) return;
+    if (!dht_ || fresh || announcing_) return;
     announced_at_ = now;
+    announcing_ = true;
   }
+  if (announcer_.joinable()) announcer_.join();  // the previous store has finished (announcing_ was false)
   DonorInfo d;
   d.address = address_;
   d.epoch = epoch;
-  dht_->store(key_, "donor", encode_donor(d), ttl_, std::chrono::milliseconds(2'000));
+  announcer_ = std::thread([this, d] {
+    dht_->store(key_, "donor", encode_donor(d), ttl_, std::chrono::milliseconds(2'000));
+    std::lock_guard<std::mutex> lock(mu_);
+    announcing_ = false;
+  });
 }
 
 uint64_t StateDonor::snapshots_made() const {

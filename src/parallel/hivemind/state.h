@@ -123,6 +123,10 @@ class StateDonor {
   size_t serving_ = 0;
   int64_t announced_epoch_ = -1;
   Clock::time_point announced_at_{};
+  /// The DHT store of the announcement runs here, off the caller's path (step(): a store to a
+  /// stalled node waits its whole timeout); one at a time, joined by the destructor.
+  std::thread announcer_;
+  bool announcing_ = false;  ///< under mu_
 };
 
 struct DownloadOptions {
