@@ -27,6 +27,15 @@ struct Grads {
 // gradients of that sum with respect to h, W and b. Every row is projected (the same matmul
 // FLOPs as the dense path); weight 0 rows (ignore_index) drop out of loss and gradients.
 // One [chunk, V] logits buffer and one log-probability buffer are reused for every chunk.
+// The gradient buffers the chunk loops fill (dh written row by row, dW and db accumulated).
+void alloc_grads(Grads* g, const at::Tensor& h, const at::Tensor& w, const at::Tensor& b, bool need_h, bool need_w,
+                 bool need_b) {
+  if (!g) return;
+  if (need_h) g->dh = at::empty_like(h);
+  if (need_w) g->dw = at::zeros_like(w);
+  if (need_b && b.defined()) g->db = at::zeros_like(b);
+}
+
 // reduced: the dtype of the matmul operands when it is not h's (bf16 or fp16 under autocast on
 // a GPU): logits in that dtype, log-softmax and every accumulator (loss, dh, dW, db) in fp32.
 at::Tensor reduced_chunked_loss(const at::Tensor& h, const at::Tensor& w, const at::Tensor& b, const at::Tensor& y,
@@ -34,11 +43,7 @@ at::Tensor reduced_chunked_loss(const at::Tensor& h, const at::Tensor& w, const 
                                 Grads* g, at::ScalarType reduced) {
   const int64_t n = h.size(0);
   auto loss = at::zeros({}, h.options());
-  if (g) {
-    if (need_h) g->dh = at::empty_like(h);
-    if (need_w) g->dw = at::zeros_like(w);
-    if (need_b && b.defined()) g->db = at::zeros_like(b);
-  }
+  alloc_grads(g, h, w, b, need_h, need_w, need_b);
   if (n == 0) return loss;
   chunk = std::min(chunk, n);
   const auto hm = h.to(reduced), wm = w.to(reduced), wmt = wm.t();
@@ -76,11 +81,7 @@ at::Tensor chunked_loss(const at::Tensor& h, const at::Tensor& w, const at::Tens
     return reduced_chunked_loss(h, w, b, y, row_weight, chunk, need_h, need_w, need_b, g, reduced);
   const int64_t n = h.size(0), v = w.size(0);
   auto loss = at::zeros({}, h.options());
-  if (g) {
-    if (need_h) g->dh = at::empty_like(h);
-    if (need_w) g->dw = at::zeros_like(w);
-    if (need_b && b.defined()) g->db = at::zeros_like(b);
-  }
+  alloc_grads(g, h, w, b, need_h, need_w, need_b);
   if (n == 0) return loss;
   chunk = std::min(chunk, n);
   auto wt = w.t();
