@@ -711,6 +711,37 @@ TEST(Matchmaking, TooFewPeersEndAtTheDeadlineWithNoGroup) {
   }
 }
 
+// A peer alone in a round the swarm has left (its others are dead records) asks `abandon`
+// when its declaration expires and ends at the first true, not at the deadline; asked nothing
+// before that expiration.
+TEST(Matchmaking, AnAbandonedRoundEndsAtTheFirstExpirationNotTheDeadline) {
+  auto peers = match_peers("mm-abandon", 1, 0, 40);
+  hm::MatchmakingOptions o;
+  o.key = "mm-abandon_grad_0";
+  o.matchmaking_time = 1000ms;
+  o.request_timeout = 500ms;
+  for (const bool give_up : {true, false}) {
+    int asked = 0;
+    double first_ask = -1;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto since = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+    const auto got = peers[0]->mm->find_group(o, nullptr, hm::after(4000ms), [&] {
+      if (asked++ == 0) first_ask = since();
+      return give_up;
+    });
+    const double seconds = since();
+    EXPECT_FALSE(got);
+    EXPECT_GE(first_ask, 0.9) << "asked before the declaration expired";
+    if (give_up) {
+      EXPECT_EQ(asked, 1);
+      EXPECT_LT(seconds, 1.8) << "it kept looking after abandon() said the round is over";
+    } else {
+      EXPECT_GE(asked, 2);
+      EXPECT_GT(seconds, 3.0) << "it ended before its deadline with nothing abandoned";
+    }
+  }
+}
+
 TEST(Matchmaking, ForgedAndMalformedJoinRequestsAreRefused) {
   auto peers = match_peers("mm-forge", 1, 0, 60);
   auto& leader = *peers[0];

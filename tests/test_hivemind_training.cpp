@@ -377,7 +377,7 @@ TEST_F(Swarm, ALateJoinerLoads100MBAndFinishesFromAnotherDonorWhenOneIsKilledMid
   // then, not in a later attempt.
   const auto at = late.find("loaded the swarm's state at epoch ");
   ASSERT_NE(at, std::string::npos) << late;
-  const auto first_failure = late.find("could not load the swarm's state");
+  const auto first_failure = late.substr(0, at).find("could not load the swarm's state");
   const std::string loaded = late.substr(late.rfind('\n', at) + 1, late.find('\n', at) - late.rfind('\n', at) - 1);
   std::printf("[swarm] donor %s killed after %.1f MB reached the newcomer; newcomer: %s\n", killed_id.c_str(),
               static_cast<double>(at_kill) / 1e6, loaded.c_str());

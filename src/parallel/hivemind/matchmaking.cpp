@@ -315,7 +315,7 @@ std::optional<Group> Matchmaker::try_join(const Declaration& leader, const Match
 }
 
 std::optional<Group> Matchmaker::find_group(const MatchmakingOptions& o, const std::function<size_t()>& expected,
-                                            Deadline deadline) {
+                                            Deadline deadline, const std::function<bool()>& abandon) {
   const bool client = address_.empty();
   const auto ttl = std::max<std::chrono::milliseconds>(std::chrono::seconds(11), o.matchmaking_time + o.request_timeout);
   auto declare = [&] {
@@ -369,6 +369,12 @@ std::optional<Group> Matchmaker::find_group(const MatchmakingOptions& o, const s
           return std::nullopt;
         }
         lock.unlock();
+        if (abandon && abandon()) {
+          lock.lock();
+          disband_locked("");  // anyone who joined in between
+          looking_ = false;
+          return std::nullopt;
+        }
         declare();  // try again with a new expiration
         tried.clear();
         continue;

@@ -77,9 +77,12 @@ class Matchmaker {
   /// Looks for a group under o.key until `deadline`; the group (this peer in it) or nothing
   /// when no group of min_group_size formed in time. `expected` (may be empty) gives how many
   /// peers, this one included, are expected in the round: the leader starts once that many
-  /// joined instead of waiting for its expiration.
+  /// joined instead of waiting for its expiration. `abandon` (may be empty) is asked each time
+  /// a declaration expired without a group, before declaring again: true ends the search with
+  /// nothing (the round is over elsewhere: retrying until `deadline` would only fall further
+  /// behind).
   std::optional<Group> find_group(const MatchmakingOptions& o, const std::function<size_t()>& expected,
-                                  Deadline deadline);
+                                  Deadline deadline, const std::function<bool()>& abandon = {});
 
   /// Ends any matchmaking now: followers are released, find_group returns nothing, join
   /// streams being served finish (bounded); call before stopping the server.

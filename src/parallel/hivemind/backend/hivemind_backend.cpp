@@ -410,27 +410,30 @@ StepResult HivemindBackend::step(const StepRequest& request, int64_t step) {
         if (p.grad().defined()) p.grad().mul_(scale);
   }
   const int64_t round_epoch = epoch_;
+  // The swarm finished this epoch's round without this peer (it ran late, or was loading):
+  // its local progress is dropped and the state reloaded. False when that reload failed.
+  const std::string missed = "epoch " + std::to_string(round_epoch) + " ended without this peer";
+  auto rejoin = [&](StepResult* r) {
+    if (!reload_from_peers(missed)) return false;
+    zero_grads();
+    known_peers_.clear();
+    accounted_ = 0;
+    loss_sum_ = at::Tensor();
+    mini_steps_ = 0;
+    r->outcome = StepOutcome::kNoUpdate;
+    r->global_step = epoch_;
+    r->samples = local;
+    donate();
+    return true;
+  };
   {
-    // The swarm finished this epoch's round without this peer (it ran late, or was loading):
-    // nobody is left to average with. Its local progress is dropped and the state reloaded.
+    // Nobody is left to average with.
     const auto g = tracker_->global_by(deadline);
     bool others_here = false;
     for (const auto& p : g.others)
       if (!p.client_mode && p.epoch == round_epoch) others_here = true;
-    if (g.epoch > round_epoch && !others_here &&
-        reload_from_peers("epoch " + std::to_string(round_epoch) + " ended without this peer")) {
-      zero_grads();
-      known_peers_.clear();
-      accounted_ = 0;
-      loss_sum_ = at::Tensor();
-      mini_steps_ = 0;
-      StepResult r;
-      r.outcome = StepOutcome::kNoUpdate;
-      r.global_step = epoch_;
-      r.samples = local;
-      donate();
-      return r;
-    }
+    StepResult r;
+    if (g.epoch > round_epoch && !others_here && rejoin(&r)) return r;
   }
   hm::MatchmakingOptions mo;
   mo.key = h_.run_id + "_grad_" + std::to_string(round_epoch);
@@ -447,7 +450,19 @@ StepResult HivemindBackend::step(const StepRequest& request, int64_t step) {
       if (p.epoch == round_epoch && p.samples_accumulated + p.samples_in_flight > 0) ++n;
     return n;
   };
-  const auto group = matchmaker_->find_group(mo, expected, deadline);
+  // Others at this epoch may be dead peers whose records have not expired yet: once a
+  // declaration expired without a group and the swarm is past this epoch, the round is over.
+  bool moved_on = false;
+  auto abandon = [&] {
+    const auto by = std::min(deadline, std::chrono::steady_clock::now() + ms(h_.request_timeout));
+    moved_on = tracker_->global_by(by).epoch > round_epoch;
+    return moved_on;
+  };
+  const auto group = matchmaker_->find_group(mo, expected, deadline, abandon);
+  if (!group && moved_on) {
+    StepResult r;
+    if (rejoin(&r)) return r;
+  }
   known_peers_.clear();
   size_t averaged = 1;
   if (group && group->members.size() > 1) {
@@ -455,9 +470,11 @@ StepResult HivemindBackend::step(const StepRequest& request, int64_t step) {
     for (size_t i = 0; i < group->members.size(); ++i)
       if (i != group->self && !group->members[i].address.empty()) known_peers_.insert(group->members[i].peer_id);
   } else {
-    std::fprintf(stderr, "hivemind: epoch %lld: no averaging group formed within %.0f s (alone or timed out); "
-                 "stepping on this peer's %lld local samples\n",
-                 static_cast<long long>(round_epoch), h_.averaging_timeout, static_cast<long long>(local));
+    std::fprintf(stderr, "hivemind: epoch %lld: no averaging group formed %s; stepping on this peer's %lld local samples\n",
+                 static_cast<long long>(round_epoch),
+                 moved_on ? "(the swarm moved on and its state could not be loaded)"
+                          : ("within " + std::to_string(static_cast<int>(h_.averaging_timeout)) + " s (alone or timed out)").c_str(),
+                 static_cast<long long>(local));
   }
   const bool state_round =
       group && group->members.size() > 1 && h_.average_state_every > 0 && (round_epoch + 1) % h_.average_state_every == 0;
