@@ -2,6 +2,8 @@
 // own framed connections (1 MiB frames, the receiver discarding), in bytes per second.
 #pragma once
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
@@ -9,7 +11,16 @@
 
 #include "polytrain/parallel/hivemind/wire.h"
 
-inline double loopback_tcp_bandwidth_once(size_t bytes) {
+/// CPU seconds (user + system, all threads) of this process so far.
+inline double process_cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+/// `cores` (if given): the stream's CPU time over its wall time, both ends together.
+inline double loopback_tcp_bandwidth_once(size_t bytes, double* cores = nullptr) {
   namespace hm = polytrain::hivemind;
   using namespace std::chrono_literals;
   hm::Server sink("127.0.0.1:0", [](hm::Connection& c) {
@@ -21,15 +32,24 @@ inline double loopback_tcp_bandwidth_once(size_t bytes) {
   auto c = hm::Connection::connect(sink.address(), hm::after(5s));
   const std::string frame(size_t{1} << 20, 'x');
   const auto t0 = std::chrono::steady_clock::now();
+  const double cpu0 = process_cpu_seconds();
   for (size_t sent = 0; sent < bytes; sent += frame.size()) c->send(1, frame, hm::after(10s));
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (cores) *cores = (process_cpu_seconds() - cpu0) / s;
   return static_cast<double>(bytes) / s;
 }
 
 /// One stream's bandwidth is bimodal on these VMs (whether the two ends share a core): the best
 /// of `reps` runs.
-inline double loopback_tcp_bandwidth(size_t bytes, int reps = 3) {
+inline double loopback_tcp_bandwidth(size_t bytes, int reps = 3, double* cores = nullptr) {
   double best = 0;
-  for (int i = 0; i < reps; ++i) best = std::max(best, loopback_tcp_bandwidth_once(bytes));
+  for (int i = 0; i < reps; ++i) {
+    double busy = 0;
+    const double bw = loopback_tcp_bandwidth_once(bytes, &busy);
+    if (bw > best) {
+      best = bw;
+      if (cores) *cores = busy;
+    }
+  }
   return best;
 }

@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -259,6 +262,100 @@ TEST(Butterfly, ASenderKilledMidStreamIsExcludedAndTheOthersFinishInTime) {
     off += sizes[j];
   }
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(r[i].excluded_senders, std::vector<std::string>{"victim"}) << i;
+}
+
+// A reducer that takes the whole part, answers two result chunks and breaks its stream in the
+// middle of the third: those two chunks hold its answer, every other element of its part (the
+// broken chunk's included: a chunk enters the vector only whole) keeps its local value, and
+// the report's local fraction counts exactly those.
+TEST(Butterfly, AReducerThatBreaksMidResultLeavesTheRestOfItsPartLocalAndSaysHowMuch) {
+  const size_t n = 400'000, chunk = 50'000;
+  std::vector<std::unique_ptr<Peer>> peers;
+  peers.push_back(std::make_unique<Peer>());
+  // The fake reducer speaks the frames by hand on a plain socket, to stop in mid-frame.
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t alen = sizeof addr;
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(listener, 4), 0);
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &alen), 0);
+  std::thread fake([&] {
+    const int fd = ::accept(listener, nullptr, nullptr);
+    if (fd < 0) return;
+    timeval tv{5, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    auto read_all = [&](void* p, size_t len) {
+      for (size_t got = 0; got < len;) {
+        const ssize_t k = ::read(fd, static_cast<char*>(p) + got, len - got);
+        if (k <= 0) return false;
+        got += static_cast<size_t>(k);
+      }
+      return true;
+    };
+    auto write_all = [&](const std::string& b) { return ::write(fd, b.data(), b.size()) == static_cast<ssize_t>(b.size()); };
+    auto frame = [](uint8_t type, uint64_t k, const std::vector<float>& body, size_t body_bytes) {
+      std::string f;
+      const uint32_t len = static_cast<uint32_t>(1 + 8 + body.size() * 4);
+      f.append(reinterpret_cast<const char*>(&len), 4);
+      f.push_back(static_cast<char>(type));
+      hm::put_u64(f, k);
+      f.append(reinterpret_cast<const char*>(body.data()), body_bytes);
+      return f;
+    };
+    // The hello and every chunk of its part (the hello's length field says how many).
+    uint32_t len = 0;
+    uint8_t type = 0;
+    std::string payload;
+    bool ok = read_all(&len, 4) && read_all(&type, 1);
+    payload.resize(ok ? len - 1 : 0);
+    ok = ok && read_all(payload.data(), payload.size());
+    uint64_t part = 0;
+    if (ok) {
+      hm::Reader rd(payload);
+      rd.str(256);
+      rd.u32();
+      rd.u32();
+      part = rd.u64();
+    }
+    for (uint64_t k = 0; ok && k * chunk < part; ++k) {
+      ok = read_all(&len, 4) && read_all(&type, 1);
+      payload.resize(ok ? len - 1 : 0);
+      ok = ok && read_all(payload.data(), payload.size());
+    }
+    const std::vector<float> answer(chunk, 7.0f);
+    if (ok) ok = write_all(frame(hm::kMsgResult, 0, answer, chunk * 4)) && write_all(frame(hm::kMsgResult, 1, answer, chunk * 4));
+    if (ok) write_all(frame(hm::kMsgResult, 2, answer, 1000));  // a quarter of a kilobyte of chunk 2, then gone
+    ::close(fd);
+  });
+  struct Join {
+    std::thread& t;
+    int fd;
+    ~Join() {
+      ::shutdown(fd, SHUT_RDWR);
+      t.join();
+      ::close(fd);
+    }
+  } join_fake{fake, listener};
+  hm::Group g;
+  g.group_id = "broken-result";
+  g.members = {{"peer0", peers[0]->address(), 1.0}, {"fake", "127.0.0.1:" + std::to_string(ntohs(addr.sin_port)), 1.0}};
+  const auto v = random_vector(n, 5);
+  auto vv = v;
+  hm::AllReduceOptions o;
+  o.chunk_elements = chunk;
+  o.next_chunk_timeout = 500ms;
+  o.allreduce_timeout = 10s;
+  const auto r = peers[0]->averager.allreduce(g, vv.data(), n, 1.0, o);
+  const auto sizes = hm::part_sizes(n, g);
+  ASSERT_EQ(r.failed_reducers, std::vector<std::string>{"fake"});
+  EXPECT_NEAR(r.local_fraction, double(sizes[1] - 2 * chunk) / n, 1e-12);
+  EXPECT_NE(r.warning().find("kept its local values"), std::string::npos) << r.warning();
+  for (size_t k = sizes[0]; k < n; ++k)
+    ASSERT_EQ(vv[k], k < sizes[0] + 2 * chunk ? 7.0f : v[k]) << "element " << k;
+  for (size_t k = 0; k < sizes[0]; ++k) ASSERT_EQ(vv[k], v[k]) << "own part, its sender never came: " << k;
 }
 
 TEST(Wire, FramesLargerThanTheReaderAllowsAndSilentPeersEndWithinTheDeadline) {

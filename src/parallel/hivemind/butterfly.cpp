@@ -21,6 +21,47 @@ Deadline earliest(Deadline a, Deadline b) { return std::min(a, b); }
 // Every element is written before it is read: no zero-filling pass over part-sized buffers.
 std::unique_ptr<float[]> uninitialized(size_t n) { return std::unique_ptr<float[]>(new float[std::max<size_t>(n, 1)]); }
 
+// mine[i] = (w0 mine[i] + w1 v1[i] + w2 v2[i] + ...) / divisor, the sum in double in sender
+// order. One or two inputs (two or three members) run as one fused loop, memory-bound; more
+// in blocks, each input streaming once through memory with no part-sized accumulator.
+void weighted_mean(float* __restrict mine, size_t n, double w0, const std::vector<std::pair<double, const float*>>& in,
+                   double divisor) {
+  if (in.empty()) {
+    for (size_t k = 0; k < n; ++k) mine[k] = static_cast<float>(w0 * static_cast<double>(mine[k]) / divisor);
+    return;
+  }
+  const double w1 = in[0].first;
+  const float* __restrict v1 = in[0].second;
+  if (in.size() == 1) {
+    for (size_t k = 0; k < n; ++k)
+      mine[k] = static_cast<float>((w0 * static_cast<double>(mine[k]) + w1 * static_cast<double>(v1[k])) / divisor);
+    return;
+  }
+  if (in.size() == 2) {
+    const double w2 = in[1].first;
+    const float* __restrict v2 = in[1].second;
+    for (size_t k = 0; k < n; ++k)
+      mine[k] = static_cast<float>(
+          (w0 * static_cast<double>(mine[k]) + w1 * static_cast<double>(v1[k]) + w2 * static_cast<double>(v2[k])) /
+          divisor);
+    return;
+  }
+  constexpr size_t kBlock = 2048;
+  alignas(64) double acc[kBlock];
+  for (size_t lo = 0; lo < n; lo += kBlock) {
+    const size_t m = std::min(kBlock, n - lo);
+    float* __restrict out = mine + lo;
+    const float* __restrict first = v1 + lo;
+    for (size_t k = 0; k < m; ++k) acc[k] = w0 * static_cast<double>(out[k]) + w1 * static_cast<double>(first[k]);
+    for (size_t j = 1; j < in.size(); ++j) {
+      const double w = in[j].first;
+      const float* __restrict v = in[j].second + lo;
+      for (size_t k = 0; k < m; ++k) acc[k] += w * static_cast<double>(v[k]);
+    }
+    for (size_t k = 0; k < m; ++k) out[k] = static_cast<float>(acc[k] / divisor);
+  }
+}
+
 }  // namespace
 
 std::string AllReduceReport::warning() const {
@@ -75,7 +116,11 @@ struct Averager::Round {
   std::condition_variable cv;
   std::map<size_t, Sender> senders;  // every member but self
   bool averaged = false;
-  std::unique_ptr<float[]> average;
+  // The average is written over the owner's own part of its vector; the streams that send it
+  // back read it there, so the owner's allreduce() returns only once none is left
+  // (results_pending, counted when `averaged` is set; each stream ends by the deadline).
+  const float* average = nullptr;
+  size_t results_pending = 0;
 };
 
 Averager::Averager() = default;
@@ -167,24 +212,37 @@ void Averager::handle(Connection& c, const Frame& hello) {
   r.cv.notify_all();
   // Wait for the average, then stream it (or the deltas) back.
   r.cv.wait_until(lock, r.deadline, [&] { return r.averaged; });
-  if (!r.averaged) return;  // the owner gave up: the sender keeps its values
+  if (!r.averaged) {  // the owner gave up: the sender keeps its values (and is not counted)
+    s->state = Round::State::kFailed;
+    s->values.reset();
+    return;
+  }
   lock.unlock();
+  struct Done {  // the owner's vector is not read after this
+    Round& r;
+    ~Done() {
+      std::lock_guard<std::mutex> lock(r.mu);
+      --r.results_pending;
+      r.cv.notify_all();
+    }
+  } done{r};
   try {
     std::string payload;
     std::vector<float> delta;
     for (size_t k = 0; k < n_chunks; ++k) {
       const size_t lo = k * r.chunk, m = std::min(r.chunk, static_cast<size_t>(len) - lo);
+      const Deadline until = earliest(after(r.next_chunk), r.deadline);
       payload.clear();
       put_u64(payload, k);
       if (r.compression == Compression::kNone) {  // straight from the average
-        c.send(kMsgResult, payload, {reinterpret_cast<const char*>(r.average.get() + lo), m * 4}, after(r.next_chunk));
+        c.send(kMsgResult, payload, {reinterpret_cast<const char*>(r.average + lo), m * 4}, until);
         continue;
       } else {
         delta.resize(m);
         for (size_t i = 0; i < m; ++i) delta[i] = r.average[lo + i] - s->values[lo + i];
         compress(r.compression, delta.data(), m, payload);
       }
-      c.send(kMsgResult, payload, after(r.next_chunk));
+      c.send(kMsgResult, payload, until);
     }
   } catch (const NetError&) {
   }
@@ -227,11 +285,13 @@ AllReduceReport Averager::allreduce(const Group& g, float* data, size_t n, doubl
   struct Outgoing {
     std::thread thread;
     bool ok = false;
+    size_t kept = 0;  // elements of the part the result has not replaced
     uint64_t sent = 0, received = 0;
   };
   std::vector<Outgoing> out(g.members.size());
   for (size_t j = 0; j < g.members.size(); ++j) {
     if (j == g.self || sizes[j] == 0) continue;
+    out[j].kept = sizes[j];
     out[j].thread = std::thread([&, j] {
       const size_t len = sizes[j], off = offsets[j];
       std::unique_ptr<Connection> c;
@@ -260,30 +320,31 @@ AllReduceReport Averager::allreduce(const Group& g, float* data, size_t n, doubl
           compress(o.compression, data + off + lo, m, payload);
           c->send(kMsgChunk, payload, d);
         }
-        // The result: the reducer answers once every member delivered (or the deadline).
-        auto result = uninitialized(len);
+        // The result, once every member delivered to the reducer (or its deadline): each
+        // chunk lands in a chunk-sized buffer and enters the vector only whole, so a stream
+        // that breaks leaves every element either averaged or as it was (out[j].kept counts
+        // the latter).
+        auto result = uninitialized(std::min(o.chunk_elements, len));
         Frame f;
         for (size_t k = 0; k < n_chunks; ++k) {
           const size_t lo = k * o.chunk_elements, m = std::min(o.chunk_elements, len - lo);
           const Deadline d = k == 0 ? deadline : earliest(after(o.next_chunk_timeout), deadline);
           if (o.compression == Compression::kNone) {
             uint64_t index = 0;
-            if (!c->receive_into(d, kMsgResult, &index, 8, result.get() + lo, m * 4, f, 4096))
+            if (!c->receive_into(d, kMsgResult, &index, 8, result.get(), m * 4, f, 4096))
               throw NetError(NetError::Kind::kProtocol, "refused: " + f.payload.substr(0, 200));
             if (index != k) throw NetError(NetError::Kind::kProtocol, "result chunk out of order");
-            continue;
+            std::copy(result.get(), result.get() + m, data + off + lo);
+          } else {
+            f = c->receive(d, compressed_bytes(o.compression, m) + 8 + 4096);
+            if (f.type != kMsgResult) throw NetError(NetError::Kind::kProtocol, "refused: " + f.payload.substr(0, 200));
+            Reader fr(f.payload);
+            if (fr.u64() != k) throw NetError(NetError::Kind::kProtocol, "result chunk out of order");
+            if (!decompress(o.compression, fr.rest(), result.get(), m))
+              throw NetError(NetError::Kind::kProtocol, "result chunk of the wrong size");
+            for (size_t i = 0; i < m; ++i) data[off + lo + i] += result[i];
           }
-          f = c->receive(d, compressed_bytes(o.compression, m) + 8 + 4096);
-          if (f.type != kMsgResult) throw NetError(NetError::Kind::kProtocol, "refused: " + f.payload.substr(0, 200));
-          Reader fr(f.payload);
-          if (fr.u64() != k) throw NetError(NetError::Kind::kProtocol, "result chunk out of order");
-          if (!decompress(o.compression, fr.rest(), result.get() + lo, m))
-            throw NetError(NetError::Kind::kProtocol, "result chunk of the wrong size");
-        }
-        if (o.compression == Compression::kNone) {
-          std::copy(result.get(), result.get() + len, data + off);
-        } else {
-          for (size_t i = 0; i < len; ++i) data[off + i] += result[i];
+          out[j].kept -= m;
         }
         out[j].ok = true;
       } catch (const NetError&) {
@@ -324,21 +385,11 @@ AllReduceReport Averager::allreduce(const Group& g, float* data, size_t n, doubl
     const double w0 = plain ? 1.0 : weight, divisor = plain ? static_cast<double>(count) : total;
     if (plain)
       for (auto& e : in) e.first = 1.0;
-    r.average = uninitialized(r.len);
-    float* avg = r.average.get();
     float* mine = data + off;
-    // In blocks: each input streams once through memory, the sum stays in double, in sender
-    // order, and no part-sized double accumulator is allocated.
-    constexpr size_t kBlock = 2048;
-    double acc[kBlock];
-    for (size_t lo = 0; lo < r.len; lo += kBlock) {
-      const size_t m = std::min(kBlock, r.len - lo);
-      for (size_t k = 0; k < m; ++k) acc[k] = w0 * static_cast<double>(mine[lo + k]);
-      for (const auto& [w, v] : in)
-        for (size_t k = 0; k < m; ++k) acc[k] += w * static_cast<double>(v[lo + k]);
-      for (size_t k = 0; k < m; ++k) mine[lo + k] = avg[lo + k] = static_cast<float>(acc[k] / divisor);
-    }
+    weighted_mean(mine, r.len, w0, in, divisor);
     report.part_weight = total;
+    r.average = mine;
+    r.results_pending = in.size();
     r.averaged = true;
     r.cv.notify_all();
   }
@@ -347,10 +398,15 @@ AllReduceReport Averager::allreduce(const Group& g, float* data, size_t n, doubl
     if (!out[j].thread.joinable()) continue;
     out[j].thread.join();
     report.bytes_sent += out[j].sent, report.bytes_received += out[j].received;
-    if (!out[j].ok) report.failed_reducers.push_back(g.members[j].peer_id), local += sizes[j];
+    if (!out[j].ok) report.failed_reducers.push_back(g.members[j].peer_id), local += out[j].kept;
   }
   report.local_fraction = n ? static_cast<double>(local) / static_cast<double>(n) : 0.0;
   if (round) {
+    {
+      // The streams still sending the average read it from `data`.
+      std::unique_lock<std::mutex> lock(round->mu);
+      round->cv.wait(lock, [&] { return round->results_pending == 0; });
+    }
     std::lock_guard<std::mutex> lock(mu_);
     rounds_.erase(g.group_id);
   }

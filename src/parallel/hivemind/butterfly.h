@@ -7,8 +7,9 @@
 // the samples each accumulated, and streams the result back. Failures:
 //  - a sender that fails (closed stream, a chunk later than next_chunk_timeout, a broken
 //    frame) is excluded from that part: the average is exactly the others';
-//  - a reducer that fails leaves its part local on every sender (delta 0) and the report
-//    says which fraction of the vector that is;
+//  - a reducer that fails leaves its part local on every sender (delta 0), but for the
+//    result chunks that reached it whole before the failure, and the report says which
+//    fraction of the vector kept its local values;
 //  - the round ends by allreduce_timeout whatever happens.
 // Without compression the reducer sends the average itself, so every member ends with the
 // same bits; with compression it sends average minus what it received (hivemind's deltas),
@@ -53,7 +54,7 @@ struct AllReduceOptions {
 };
 
 struct AllReduceReport {
-  double local_fraction = 0.0;  ///< of the vector left as it was (its reducer failed)
+  double local_fraction = 0.0;  ///< of the vector left as it was (its reducer failed before answering it)
   std::vector<std::string> failed_reducers;   ///< peer ids
   std::vector<std::string> excluded_senders;  ///< from this peer's own part
   double part_weight = 0.0;                   ///< samples behind this peer's own part's average
