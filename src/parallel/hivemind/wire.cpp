@@ -40,6 +40,35 @@ struct Connection::Impl {
     return n;
   }
 
+  // asio's transfer_all moves at most 64 KiB per system call; a frame body is asked for whole
+  // (one call per what the socket holds), and the socket wakes this reader only once it holds
+  // min(what is left, kLowWater) bytes (SO_RCVLOWAT): a 1 MiB chunk costs a few wake-ups and
+  // reads instead of one per 64 KiB segment the loopback delivers.
+  static constexpr size_t kLowWater = size_t{256} << 10;
+  int lowat = 1;
+  void set_lowat(size_t want) {
+    const int v = static_cast<int>(std::max<size_t>(1, std::min(want, kLowWater)));
+    if (v == lowat) return;
+    ::setsockopt(sock.native_handle(), SOL_SOCKET, SO_RCVLOWAT, &v, sizeof v);
+    lowat = v;
+  }
+  template <typename Buffers>
+  void read_body(const Buffers& bufs, size_t total, Deadline deadline) {
+    run(
+        [&](std::error_code& result, size_t& n) {
+          asio::async_read(
+              sock, bufs,
+              [this, total](const std::error_code& e, size_t done) -> size_t {
+                if (e || done >= total) return 0;
+                set_lowat(total - done);
+                return total - done;
+              },
+              [&](const std::error_code& e, size_t k) { result = e, n = k; });
+        },
+        deadline, "receive from");
+    set_lowat(1);
+  }
+
   /// Reads a frame's 5-byte header; returns the body length it announces.
   uint32_t read_header(std::array<uint8_t, 5>& hdr, Deadline deadline) {
     run(
@@ -103,9 +132,12 @@ void Connection::send(uint8_t type, std::string_view head, std::string_view body
   hdr[4] = type;
   const std::array<asio::const_buffer, 3> bufs = {asio::buffer(hdr), asio::buffer(head.data(), head.size()),
                                                   asio::buffer(body.data(), body.size())};
+  const size_t total = hdr.size() + head.size() + body.size();
   impl_->run(
       [&](std::error_code& result, size_t& n) {
-        asio::async_write(impl_->sock, bufs, [&](const std::error_code& e, size_t k) { result = e, n = k; });
+        asio::async_write(
+            impl_->sock, bufs, [total](const std::error_code& e, size_t done) -> size_t { return e ? 0 : total - done; },
+            [&](const std::error_code& e, size_t k) { result = e, n = k; });
       },
       deadline, "send to");
   sent_ += 5 + head.size() + body.size();
@@ -120,13 +152,7 @@ Frame Connection::receive(Deadline deadline, size_t max_bytes) {
   Frame f;
   f.type = hdr[4];
   f.payload.resize(len - 1);
-  if (len > 1)
-    impl_->run(
-        [&](std::error_code& result, size_t& n) {
-          asio::async_read(impl_->sock, asio::buffer(f.payload.data(), f.payload.size()),
-                           [&](const std::error_code& e, size_t k) { result = e, n = k; });
-        },
-        deadline, "receive from");
+  if (len > 1) impl_->read_body(asio::buffer(f.payload.data(), f.payload.size()), f.payload.size(), deadline);
   received_ += 4 + len;
   return f;
 }
@@ -147,12 +173,7 @@ bool Connection::receive_into(Deadline deadline, uint8_t type, void* head, size_
     other.payload.resize(len - 1);
     bufs = {asio::buffer(other.payload.data(), other.payload.size()), asio::mutable_buffer()};
   }
-  if (len > 1)
-    impl_->run(
-        [&](std::error_code& result, size_t& n) {
-          asio::async_read(impl_->sock, bufs, [&](const std::error_code& e, size_t k) { result = e, n = k; });
-        },
-        deadline, "receive from");
+  if (len > 1) impl_->read_body(bufs, len - 1, deadline);
   received_ += 4 + len;
   return match;
 }
