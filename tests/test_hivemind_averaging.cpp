@@ -15,6 +15,7 @@
 #include <random>
 #include <thread>
 
+#include "helpers/free_port.h"
 #include "polytrain/common/error.h"
 #include "polytrain/parallel/hivemind/butterfly.h"
 #include "polytrain/parallel/hivemind/compression.h"
@@ -356,6 +357,23 @@ TEST(Butterfly, AReducerThatBreaksMidResultLeavesTheRestOfItsPartLocalAndSaysHow
   for (size_t k = sizes[0]; k < n; ++k)
     ASSERT_EQ(vv[k], k < sizes[0] + 2 * chunk ? 7.0f : v[k]) << "element " << k;
   for (size_t k = 0; k < sizes[0]; ++k) ASSERT_EQ(vv[k], v[k]) << "own part, its sender never came: " << k;
+}
+
+// The dial-back service: an address on the requester's IP is dialled (reachable: yes; nothing
+// listening: no), an address on any other IP is not dialled at all (no answer), and a helper
+// that is not there is no answer either.
+TEST(Wire, DialBackAnswersForTheRequestersOwnAddressesOnly) {
+  hm::Router router;
+  hm::serve_dial_back(router);
+  hm::Server helper("127.0.0.1:0", router.handler());
+  hm::Server listening("127.0.0.1:0", [](hm::Connection&) {});
+  const std::string closed = "127.0.0.1:" + std::to_string(polytrain::testing::free_port());
+  EXPECT_EQ(hm::ask_dial_back(helper.address(), listening.address(), hm::after(3s)), std::optional<bool>(true));
+  EXPECT_EQ(hm::ask_dial_back(helper.address(), closed, hm::after(3s)), std::optional<bool>(false));
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(hm::ask_dial_back(helper.address(), "192.0.2.1:80", hm::after(3s)), std::nullopt);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0.5) << "it dialled a third party";
+  EXPECT_EQ(hm::ask_dial_back(closed, listening.address(), hm::after(1s)), std::nullopt);
 }
 
 TEST(Wire, FramesLargerThanTheReaderAllowsAndSilentPeersEndWithinTheDeadline) {

@@ -95,6 +95,8 @@ struct Swarm : ::testing::Test {
     ASSERT_TRUE(done) << tag << ": the 2 peers did not finish in 300 s";
   }
 
+  void client_behind_firewall(bool explicit_client);
+
   std::string peer_log(const std::string& name) const {
     std::ifstream in(dir / (name + ".log"));
     return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -661,7 +663,10 @@ TEST_F(Swarm, OffloadedUpdatesMatchAndDelayedOnesAreOneStepStale) {
 // opens, reduces nothing, and takes part in (at least 95% of) the rounds of two trainer peers:
 // its metrics give the group of each global step, and all three end with the same bits. Where
 // no namespace can be made (not root), the client runs on this namespace's loopback and says so.
-TEST_F(Swarm, AClientModePeerWithNoInboundRouteTakesPartInTheRounds) {
+// `explicit_client`: the peer behind the firewall is started with --client_mode; otherwise it
+// is started as a trainer and must find out by itself (the dial-back check) that nobody can
+// open a stream to it.
+void Swarm::client_behind_firewall(bool explicit_client) {
   constexpr int kSteps = 20;
   polytrain::testing::PeerNamespace ns(/*block_inbound=*/true);
   std::string host = "127.0.0.1", client_ip = "127.0.0.1", client_exec;
@@ -684,15 +689,39 @@ TEST_F(Swarm, AClientModePeerWithNoInboundRouteTakesPartInTheRounds) {
                             " --target_batch_size 48 --num_streams 3 --stream_index " + std::to_string(k) +
                             " --expected_peers 2 --run_id " + run_id +
                             " --matchmaking_time 10 --averaging_timeout 30 --listen " + listen +
-                            (k == 2 ? " --client_mode" : "");
+                            (k == 2 && explicit_client ? " --client_mode" : "");
     peers.push_back(std::make_unique<OwnProcess>(cmd, POLYTRAIN_SOURCE_DIR, (dir / (name + ".log")).string()));
     if (k == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
   }
   ASSERT_TRUE(all_finish(peers, 300)) << "the 3 peers did not finish in 300 s";
   EXPECT_NE(peers[2]->output().find("client mode (no inbound connections)"), std::string::npos) << peers[2]->output();
+  if (!explicit_client) {
+    const auto found = peers[2]->output().find("hivemind: no peer could open a stream to this peer's averaging address");
+    if (ns.ok)
+      EXPECT_NE(found, std::string::npos) << peers[2]->output();
+    else
+      return;  // on loopback everyone is reachable: nothing to find out
+    for (int k = 0; k < 2; ++k)
+      EXPECT_EQ(peers[k]->output().find("no peer could open a stream"), std::string::npos) << peers[k]->output();
+  }
   // Each global step's group, as each peer logged it: the client's rounds are those whose group
   // had all three (the trainers agree on it).
   const auto client = metric("client", "group_size"), p0 = metric("peer0", "group_size");
+  if (!explicit_client) {
+    // Its check (a dial-back that times out) starts it a second or two after the trainers: it
+    // then catches up (reloading the state) and, from the first round it took part in, takes
+    // part in the rounds as the explicit client does.
+    ASSERT_EQ(p0.size(), static_cast<size_t>(kSteps)) << peers[0]->output();
+    const auto first = std::find(p0.begin(), p0.end(), 3.0);
+    ASSERT_NE(first, p0.end()) << "the peer never took part:\n" << peers[2]->output();
+    const auto since = p0.end() - first, in = std::count(first, p0.end(), 3.0);
+    std::printf("[swarm] the peer nobody can reach took part in %lld of the %lld rounds since its first (round %lld)\n",
+                static_cast<long long>(in), static_cast<long long>(since), static_cast<long long>(first - p0.begin() + 1));
+    EXPECT_LE(first - p0.begin(), kSteps / 2) << peers[2]->output();
+    EXPECT_GE(in, (since * 95 + 99) / 100) << peers[2]->output();
+    EXPECT_EQ(max_difference(weights("peer0", kSteps), weights("client", kSteps)), 0.0);
+    return;
+  }
   ASSERT_EQ(client.size(), static_cast<size_t>(kSteps)) << peers[2]->output();
   ASSERT_EQ(p0.size(), static_cast<size_t>(kSteps)) << peers[0]->output();
   const auto in_all = std::count(client.begin(), client.end(), 3.0);
@@ -706,6 +735,13 @@ TEST_F(Swarm, AClientModePeerWithNoInboundRouteTakesPartInTheRounds) {
   EXPECT_EQ(max_difference(w0, weights("peer1", kSteps)), 0.0);
   EXPECT_EQ(max_difference(w0, weights("client", kSteps)), 0.0);
 }
+
+TEST_F(Swarm, AClientModePeerWithNoInboundRouteTakesPartInTheRounds) { client_behind_firewall(true); }
+
+// The same peer started without --client_mode: its initial peer cannot dial back to it, so it
+// switches to client mode at start (with one line saying why) and takes part in the rounds,
+// instead of being excluded from every one as a sender that never came.
+TEST_F(Swarm, APeerNobodyCanReachFindsOutAtStartAndTakesPartAsAClient) { client_behind_firewall(false); }
 
 TEST_F(Swarm, InconsistentSettingsAreOneLineErrors) {
   using polytrain::testing::expect_one_line_error;

@@ -433,6 +433,48 @@ Server::Handler Router::handler(std::chrono::milliseconds first_frame) {
   };
 }
 
+namespace {
+// HOST of HOST:PORT or [HOST]:PORT ("" when there is no port).
+std::string host_of(const std::string& host_port) {
+  const auto colon = host_port.rfind(':');
+  if (colon == std::string::npos) return "";
+  std::string h = host_port.substr(0, colon);
+  if (h.size() >= 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
+  return h;
+}
+}  // namespace
+
+void serve_dial_back(Router& router) {
+  router.on(kMsgDialBack, [](Connection& c, const Frame& f) {
+    std::string answer = "-";  // not an address on the requester's IP: not dialled
+    const std::string host = host_of(f.payload);
+    if (!host.empty() && f.payload.size() <= 300 && host == host_of(c.remote())) {
+      try {
+        Connection::connect(f.payload, after(std::chrono::milliseconds(1000)));
+        answer = "1";
+      } catch (const NetError&) {
+        answer = "0";
+      }
+    }
+    try {
+      c.send(kMsgDialBackReply, answer, after(std::chrono::milliseconds(1000)));
+    } catch (const NetError&) {
+    }
+  });
+}
+
+std::optional<bool> ask_dial_back(const std::string& helper, const std::string& address, Deadline deadline) {
+  try {
+    auto c = Connection::connect(helper, deadline);
+    c->send(kMsgDialBack, address, deadline);
+    const Frame r = c->receive(deadline, 16);
+    if (r.type != kMsgDialBackReply || (r.payload != "0" && r.payload != "1")) return std::nullopt;  // "-": not dialled
+    return r.payload == "1";
+  } catch (const NetError&) {
+    return std::nullopt;
+  }
+}
+
 AveragingPeer::AveragingPeer(bool client, const std::string& listen) {
   router.on(kMsgAllReduceHello, [this](Connection& c, const Frame& f) { averager.handle(c, f); });
   if (!client) server = std::make_unique<Server>(listen, router.handler());

@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -101,6 +102,18 @@ class Router {
   std::mutex mu_;
   std::map<uint8_t, Service> services_;
 };
+
+/// Reachability, the question hivemind's peers put to libp2p's AutoNAT, answered by a peer
+/// already in the swarm: kMsgDialBack carries an address; the peer asked opens a stream to it
+/// (only on the IP the request came from: nobody can make it dial third parties) within 1 s
+/// and answers kMsgDialBackReply "1" or "0" ("-" for an address on another IP). A peer behind a NAT or a firewall learns at start
+/// that nobody can stream to it, and takes part as a client instead of being excluded from
+/// every round.
+enum : uint8_t { kMsgDialBack = 40, kMsgDialBackReply = 41 };
+void serve_dial_back(Router& router);
+/// Asks the peer at `helper` whether it can open a stream to `address`: true or false, nothing
+/// when the helper did not answer by `deadline` or would not dial it.
+std::optional<bool> ask_dial_back(const std::string& helper, const std::string& address, Deadline deadline);
 
 /// A peer that only averages (tests, benchmarks): its server (none in client mode), router and
 /// averager.

@@ -2,6 +2,7 @@
 // driven by the Trainer loop through the Backend interface.
 #include "polytrain/parallel/hivemind/backend/hivemind_backend.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -34,6 +35,44 @@ namespace {
 milliseconds ms(double seconds) { return milliseconds(static_cast<int64_t>(seconds * 1000.0)); }
 
 std::string short_id(const std::string& id) { return id.substr(0, 8); }
+
+// Whether another peer can open a stream to `address` (their answers to a dial-back request).
+// Asked first: the initial peers (a peer's averaging streams share its DHT port when --listen
+// gave one); when none of them answers, up to 3 state donors announced so far. Each round of
+// asking runs at once and ends within 3 s. "No" only when at least one helper answered and none
+// could; `why` then names who said so.
+bool reachable_by_others(hm::DhtNode& dht, const HivemindConfig& h, const std::string& address, std::string* why) {
+  std::vector<std::string> asked;
+  auto ask = [&](const std::vector<std::string>& candidates) -> std::optional<bool> {
+    std::vector<std::string> helpers;
+    for (const auto& a : candidates)
+      if (!a.empty() && a != address && std::find(asked.begin(), asked.end(), a) == asked.end())
+        helpers.push_back(a), asked.push_back(a);
+    const auto deadline = hm::after(milliseconds(3000));
+    std::vector<std::optional<bool>> answers(helpers.size());
+    {
+      std::vector<std::thread> t;
+      for (size_t i = 0; i < helpers.size(); ++i)
+        t.emplace_back([&, i] { answers[i] = hm::ask_dial_back(helpers[i], address, deadline); });
+      for (auto& th : t) th.join();
+    }
+    std::string no;
+    for (size_t i = 0; i < helpers.size(); ++i) {
+      if (answers[i] == true) return true;
+      if (answers[i] == false) no += (no.empty() ? "" : ", ") + helpers[i];
+    }
+    if (no.empty()) return std::nullopt;  // nobody answered: nothing learnt
+    *why = no;
+    return false;
+  };
+  if (const auto a = ask(h.initial_peers)) return *a;
+  std::vector<std::string> donors;
+  for (const auto& r : dht.fetch(h.run_id + "_state", milliseconds(1500))) {
+    if (r.kind != "donor" || r.owner == dht.identity().public_key() || donors.size() >= 3) continue;
+    if (const auto d = hm::decode_donor(r.payload)) donors.push_back(d->address);
+  }
+  return ask(donors).value_or(true);  // the first peer of a swarm has nobody to ask
+}
 
 }  // namespace
 
@@ -107,12 +146,27 @@ void HivemindBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Co
   averager_ = std::make_unique<hm::Averager>();
   router_ = std::make_unique<hm::Router>();
   router_->on(hm::kMsgAllReduceHello, [this](hm::Connection& c, const hm::Frame& f) { averager_->handle(c, f); });
+  hm::serve_dial_back(*router_);
   if (!h_.client_mode) {
     // Averaging streams use TCP on the DHT's port (UDP) when one was given, else any port.
     const auto [host, port] = hm::split_host_port(h_.listen, "hivemind.listen");
     const std::string tcp = (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
     server_ = std::make_unique<hm::Server>(tcp, router_->handler(), "hivemind.listen");
     address_ = h_.announce.empty() ? server_->address() : h_.announce;
+    // A peer nobody can stream to (behind a NAT or a firewall) would be excluded from every
+    // round as a sender that never came: it takes part as a client instead, as hivemind's
+    // peers do when libp2p finds them unreachable.
+    std::string refused_by;
+    if (!reachable_by_others(*dht_, h_, address_, &refused_by)) {
+      std::fprintf(stderr, "hivemind: no peer could open a stream to this peer's averaging address %s (asked: %s): "
+                   "taking part in client mode (no inbound connections; pass --client_mode to skip this check, or "
+                   "--announce an address others can reach)\n", address_.c_str(), refused_by.c_str());
+      h_.client_mode = true;
+      server_.reset();
+      address_.clear();
+    }
+  }
+  if (!h_.client_mode) {
     donor_ = std::make_unique<hm::StateDonor>(dht_.get(), *router_, h_.run_id + "_state", address_,
                                               ms(h_.metadata_expiration));
     donor_->set_provider([this] {
