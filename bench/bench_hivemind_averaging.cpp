@@ -31,7 +31,6 @@ namespace {
 
 using Peer = hm::AveragingPeer;
 
-
 // Seconds for the butterfly's traffic alone: each of g peers streams part_bytes to each other
 // peer, which streams as many back (both phases of the round), all at once.
 double exchange_seconds(int g, size_t part_bytes) {

@@ -22,8 +22,8 @@ Deadline earliest(Deadline a, Deadline b) { return std::min(a, b); }
 std::unique_ptr<float[]> uninitialized(size_t n) { return std::unique_ptr<float[]>(new float[std::max<size_t>(n, 1)]); }
 
 // mine[i] = (w0 mine[i] + w1 v1[i] + w2 v2[i] + ...) / divisor, the sum in double in sender
-// order. One or two inputs (two or three members) run as one fused loop, memory-bound; more
-// in blocks, each input streaming once through memory with no part-sized accumulator.
+// order. One input (two members) runs as one fused loop, memory-bound; more in blocks, each
+// input streaming once through memory with no part-sized accumulator.
 void weighted_mean(float* __restrict mine, size_t n, double w0, const std::vector<std::pair<double, const float*>>& in,
                    double divisor) {
   if (in.empty()) {
@@ -35,15 +35,6 @@ void weighted_mean(float* __restrict mine, size_t n, double w0, const std::vecto
   if (in.size() == 1) {
     for (size_t k = 0; k < n; ++k)
       mine[k] = static_cast<float>((w0 * static_cast<double>(mine[k]) + w1 * static_cast<double>(v1[k])) / divisor);
-    return;
-  }
-  if (in.size() == 2) {
-    const double w2 = in[1].first;
-    const float* __restrict v2 = in[1].second;
-    for (size_t k = 0; k < n; ++k)
-      mine[k] = static_cast<float>(
-          (w0 * static_cast<double>(mine[k]) + w1 * static_cast<double>(v1[k]) + w2 * static_cast<double>(v2[k])) /
-          divisor);
     return;
   }
   constexpr size_t kBlock = 2048;

@@ -140,7 +140,7 @@ void Connection::send(uint8_t type, std::string_view head, std::string_view body
             [&](const std::error_code& e, size_t k) { result = e, n = k; });
       },
       deadline, "send to");
-  sent_ += 5 + head.size() + body.size();
+  sent_ += total;
 }
 
 Frame Connection::receive(Deadline deadline, size_t max_bytes) {

@@ -6,8 +6,8 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
-#include <set>
 #include <optional>
+#include <set>
 #include <utility>
 #include <thread>
 
@@ -514,15 +514,6 @@ StepResult HivemindBackend::step(const StepRequest& request, int64_t step) {
     return moved_on;
   };
   const auto group = matchmaker_->find_group(mo, expected, deadline, abandon);
-  // Peers that were working on this epoch or the one before but are not in the group came
-  // late (a newcomer still computing on the state it loaded, a slow client): the next epoch
-  // gives them request_timeout to announce their samples before it fills without them, or a
-  // peer whose micro-batch takes as long as the swarm's epoch misses every round (seen: a
-  // newcomer chasing the swarm for 7 epochs, one reload each).
-  std::set<std::string> late;
-  for (const auto& p : tracker_->global(false).others)
-    if ((p.epoch == round_epoch || p.epoch + 1 == round_epoch) && p.samples_accumulated + p.samples_in_flight > 0)
-      late.insert(p.peer_id);
   if (!group && moved_on) {
     StepResult r;
     if (rejoin(&r)) return r;
@@ -530,6 +521,15 @@ StepResult HivemindBackend::step(const StepRequest& request, int64_t step) {
   known_peers_.clear();
   size_t averaged = 1;
   if (group && group->members.size() > 1) {
+    // Peers that were working on this epoch or the one before but are not in the group came
+    // late (a newcomer still computing on the state it loaded, a slow client): the next epoch
+    // gives them request_timeout to announce their samples before it fills without them, or a
+    // peer whose micro-batch takes as long as the swarm's epoch misses every round (seen: a
+    // newcomer chasing the swarm for 7 epochs, one reload each).
+    std::set<std::string> late;
+    for (const auto& p : tracker_->global(false).others)
+      if ((p.epoch == round_epoch || p.epoch + 1 == round_epoch) && p.samples_accumulated + p.samples_in_flight > 0)
+        late.insert(p.peer_id);
     averaged = average_flat(params_, /*grads=*/true, &*group, static_cast<double>(local), deadline, round_epoch, "gradients");
     for (size_t i = 0; i < group->members.size(); ++i) {
       if (i != group->self && !group->members[i].address.empty()) known_peers_.insert(group->members[i].peer_id);
