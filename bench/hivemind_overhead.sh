@@ -2,7 +2,8 @@
 # What a global step of env_type hivemind costs over pytorchDDP on the same processes: 2
 # train_bert processes (tiny BERT, 1 thread each, micro-batch 16, a global batch of 32 = one
 # micro-batch per process per step) trained the same number of steps
-#   (1) pytorchDDP through the launcher (Gloo),
+#   (1) pytorchDDP through the launcher (comm_backend auto: Open MPI on one host since launch
+#       serves PMIx; Gloo before, and with --no_mpi_world),
 #   (2) hivemind peers (target_batch_size 32, expected_peers 2): a gradient round per step,
 #   (3) hivemind with average_state_every 1 (the default): a gradient and a parameter round,
 # and the compute alone (one process, batch 16, env_type pytorch) as the floor. Figures: the

@@ -20,6 +20,7 @@ PACKAGES=(
   python3-protobuf                      # the TensorBoard test's second, independent event-file reader
   python3-sentencepiece                 # the SentencePiece test's reference (the library's Python binding)
   openmpi-bin libopenmpi-dev            # the openmpi launcher and MPI communicator
+  libpmix-dev                           #   launch serves PMIx: its ranks on one host are an MPI job without mpirun
   libgloo-dev                           # headers of the Gloo inside libtorch (c10d ProcessGroupGloo)
   openssh-server                        # the two-host launcher test runs a loopback sshd
   strace                                # launcher tests check which processes it signals

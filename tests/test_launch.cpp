@@ -28,6 +28,7 @@
 #include "helpers/own_process.h"
 #include "helpers/require.h"
 #include "polytrain/common/cpu_budget.h"
+#include "polytrain/launcher/mpi_world.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -405,6 +406,49 @@ TEST(Launch, MaxRestartsRestartsTheWholeGroup) {
               " --fail_rank 0 --fail_while_restart_below 2 --exit_code 5",
           t.path);
   EXPECT_EQ(r.code, 5) << r.out;
+}
+
+// On one host the ranks get what makes them one MPI job without mpirun (the launcher serves PMIx;
+// tests/mpi_collectives.cpp runs the collectives over it): each its PMIx rank, one namespace
+// per attempt (a restarted group is a new job), none with --no_mpi_world or a single rank.
+TEST(Launch, RanksOnOneHostAreOneMpiJobAndEachRestartANewOne) {
+  PT_SKIP_UNLESS(polytrain::launcher::mpi_world_supported(), "a launcher built with PMIx (libpmix-dev)");
+  TempDir t;
+  auto r = run(env_prefix(t) + kLaunch + " --num_gpus 2 --max_restarts 1 " + kProbe +
+                   " --fail_rank 1 --fail_while_restart_below 1 --fail_after 0.5 --sleep 0.3",
+               t.path);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("MPI world through this launcher's PMIx server"), std::string::npos) << r.out;
+  std::map<std::string, std::set<int>> ranks_by_job;  // attempt's namespace -> PMIx ranks seen
+  std::map<std::string, std::set<std::string>> jobs_by_attempt;
+  std::istringstream in(r.out);
+  std::string line;
+  const std::regex re(R"(^\[rank (\d+)\] probe (\{.*\})$)");
+  std::smatch sm;
+  while (std::getline(in, line)) {
+    if (!std::regex_match(line, sm, re)) continue;
+    const auto j = json::parse(sm[2].str());
+    ASSERT_TRUE(j["env"].contains("PMIX_NAMESPACE")) << line;
+    EXPECT_EQ(j["env"]["POLYTRAIN_MPI_WORLD"], "pmix");
+    EXPECT_EQ(j["env"]["PMIX_RANK"], sm[1].str());
+    ranks_by_job[j["env"]["PMIX_NAMESPACE"]].insert(std::stoi(sm[1]));
+    jobs_by_attempt[j["env"]["TORCHELASTIC_RESTART_COUNT"]].insert(j["env"]["PMIX_NAMESPACE"]);
+  }
+  // One job per attempt, each its own (rank 0 of the first may be stopped before it prints).
+  ASSERT_EQ(jobs_by_attempt.size(), 2u) << r.out;
+  ASSERT_EQ(ranks_by_job.size(), 2u) << r.out;
+  for (const auto& [attempt, jobs] : jobs_by_attempt) EXPECT_EQ(jobs.size(), 1u) << attempt;
+  EXPECT_EQ(ranks_by_job[*jobs_by_attempt["1"].begin()], std::set<int>({0, 1})) << r.out;
+  for (const std::string flags : {"--num_gpus 2 --no_mpi_world", "--num_gpus 1"}) {
+    r = run(env_prefix(t) + kLaunch + " " + flags + " " + kProbe, t.path);
+    ASSERT_EQ(r.code, 0) << r.out;
+    const auto p = probes(r.out);
+    ASSERT_FALSE(p.empty()) << r.out;
+    for (const auto& [rank, j] : p) EXPECT_FALSE(j["env"].contains("PMIX_NAMESPACE")) << flags << ": " << r.out;
+  }
+  r = run(env_prefix(t) + kLaunch + " --num_gpus 2 --dry_run prog 2>/dev/null", t.path);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(json::parse(r.out)["mpi_world"], "pmix");
 }
 
 TEST(Launch, DryRunPrintsThePlan) {

@@ -264,7 +264,7 @@ struct TrainerOptions {
   int64_t keep_last = 2;              ///< step checkpoints kept (best kept separately)
   bool progress_bar = true;
   // Data-parallel backends (pytorchDDP, later deepspeed):
-  std::string comm_backend = "auto";  ///< gloo, mpi, nccl, auto (nccl on CUDA, mpi under mpirun, else gloo)
+  std::string comm_backend = "auto";  ///< gloo, mpi, nccl, auto (nccl on CUDA, mpi under mpirun or launch on one host, else gloo)
   double comm_timeout = 1800;         ///< seconds before a collective fails (naming rank and op) instead of hanging
   int64_t reduce_bucket_size = 25000000;  ///< bytes of gradients per all-reduce bucket
   bool overlap_comm = true;           ///< start each bucket's all-reduce while backward still runs

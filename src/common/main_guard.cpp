@@ -1,5 +1,6 @@
 #include "polytrain/common/main_guard.h"
 
+#include <atomic>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -17,9 +18,10 @@ std::string one_line(std::string s) {
   while (!s.empty() && s.back() == ' ') s.pop_back();
   return s;
 }
-}  // namespace
 
-int run_main(const std::function<int()>& body) {
+std::atomic<bool> g_failed{false};
+
+int run_guarded(const std::function<int()>& body) {
   try {
     check_fault_spec();
     return body();
@@ -31,5 +33,14 @@ int run_main(const std::function<int()>& body) {
     return 1;
   }
 }
+}  // namespace
+
+int run_main(const std::function<int()>& body) {
+  const int rc = run_guarded(body);
+  if (rc != 0) g_failed = true;
+  return rc;
+}
+
+bool exiting_after_error() { return g_failed; }
 
 }  // namespace polytrain

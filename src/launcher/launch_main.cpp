@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <memory>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -19,6 +20,7 @@
 #include "polytrain/common/main_guard.h"
 #include "polytrain/launcher/env_file.h"
 #include "polytrain/launcher/hostfile.h"
+#include "polytrain/launcher/mpi_world.h"
 #include "polytrain/launcher/pid_holder.h"
 #include "polytrain/launcher/plan.h"
 #include "polytrain/launcher/runners.h"
@@ -94,7 +96,7 @@ struct Job {
 
 // The processes of this node's ranks, started directly.
 void local_procs(const LaunchOptions& o, const WorldPlan& plan, int node, const EnvList& exports, int restart,
-                 Job& job) {
+                 const LocalMpiWorld* world, Job& job) {
   const auto& n = plan.nodes.at(node - plan.first_node);
   // The CPUs this launcher may use (affinity mask, cgroup quota), shared fairly among its workers.
   // torchrun sets 1; a fair share of the CPUs wastes less of a CPU host.
@@ -105,6 +107,8 @@ void local_procs(const LaunchOptions& o, const WorldPlan& plan, int node, const 
     EnvList env = exports;
     if (set_threads) set_env(env, "OMP_NUM_THREADS", share);
     for (const auto& [k, v] : worker_env(plan, node, static_cast<int>(i), restart)) set_env(env, k, v);
+    if (world)
+      for (const auto& [k, v] : world->env(static_cast<int>(i))) set_env(env, k, v);
     if (isatty(STDERR_FILENO)) set_env(env, "POLYTRAIN_TTY", "1");  // progress bars may redraw
     ProcSpec p;
     p.label = cat("rank ", n.ranks[i], " (host ", n.host, ")");
@@ -121,13 +125,14 @@ void local_procs(const LaunchOptions& o, const WorldPlan& plan, int node, const 
   }
 }
 
-Job build_job(const LaunchOptions& o, const WorldPlan& plan, const std::string& launcher, int node_rank, int restart) {
+Job build_job(const LaunchOptions& o, const WorldPlan& plan, const std::string& launcher, int node_rank, int restart,
+              const LocalMpiWorld* world = nullptr) {
   Job job;
   job.launcher = launcher;
   const EnvList file_env = load_env_files();
   if (launcher == "local") {
     job.node = node_rank;
-    local_procs(o, plan, node_rank, file_env, restart, job);
+    local_procs(o, plan, node_rank, file_env, restart, world, job);
     return job;
   }
   const std::string binary = launcher == "openmpi" ? "mpirun" : launcher == "slurm" ? "srun" : launcher;
@@ -185,6 +190,9 @@ int run(int argc, char** argv) {
   app.add_option("--launcher_args", o.launcher_args, "extra arguments for pdsh/ssh/mpirun/srun");
   app.add_option("--node_rank", o.node_rank, "with --no_ssh: which host of the hostfile this is");
   app.add_flag("--no_ssh", o.no_ssh, "start only this node's ranks (run launch on every node by hand)");
+  app.add_flag("--no_mpi_world", o.no_mpi_world,
+               "on one host: do not make the ranks an MPI job through this launcher's PMIx server "
+               "(comm_backend auto then picks gloo)");
   app.add_option("--max_restarts", o.max_restarts, "restart the whole group up to N times after a failure")->check(CLI::NonNegativeNumber);
   app.add_option("--log_dir", o.log_dir, "also write each rank's output to LOG_DIR/rank_<R>.log");
   app.add_option("--pid_file", o.pid_file, "while the group runs, list its processes here: 'PID START_TIME LABEL' lines");
@@ -276,6 +284,10 @@ int run(int argc, char** argv) {
     o.program.front() = resolve_program(o.program.front(), launcher == "local" && !o.dry_run);
   }
 
+  // One host, several ranks, started here: they can form an MPI job without mpirun (the MPI
+  // engine's shared memory is several times Gloo's loopback TCP), unless told not to.
+  const bool mpi_world = launcher == "local" && !per_node && plan.nodes.size() == 1 && plan.world_size > 1 &&
+                         !o.no_mpi_world && mpi_world_supported();
   if (o.dry_run) {
     const Job job = build_job(o, plan, launcher, node_rank, 0);
     auto j = plan_to_json(plan);
@@ -286,6 +298,7 @@ int run(int argc, char** argv) {
     }
     if (!job.runner.empty()) j["runner_command"] = join_command(job.runner);
     if (!job.mpi_hostfile_text.empty() && launcher == "openmpi") j["generated_hostfile"] = job.mpi_hostfile_text;
+    j["mpi_world"] = mpi_world ? "pmix" : launcher == "openmpi" || launcher == "slurm" ? launcher : "none";
     std::cout << j.dump(2) << std::endl;
     return 0;
   }
@@ -300,7 +313,10 @@ int run(int argc, char** argv) {
   so.term_timeout = o.term_timeout;
   so.pid_file = o.pid_file;
   for (int attempt = 0;; ++attempt) {
-    Job job = build_job(o, plan, launcher, node_rank, restart_base + attempt);
+    std::unique_ptr<LocalMpiWorld> world;
+    std::string no_world;
+    if (mpi_world) world = LocalMpiWorld::create(plan.world_size, restart_base + attempt, no_world);
+    Job job = build_job(o, plan, launcher, node_rank, restart_base + attempt, world.get());
     std::string mpi_hostfile;
     if (launcher == "openmpi") {  // mpirun reads the selected hosts from a file we write
       char tmpl[] = "/tmp/polytrain-mpi-hostfile-XXXXXX";
@@ -313,8 +329,10 @@ int run(int argc, char** argv) {
       job.procs.back().argv = mpirun_argv(with_pid_holder(o), plan, remote_exports(load_env_files()), mpi_hostfile);
     }
     if (attempt == 0 || launcher != "local" || node_rank == 0) {
-      std::fprintf(stderr, "launch: %s, world size %d on %d host(s), master %s:%d%s\n", launcher.c_str(),
+      std::fprintf(stderr, "launch: %s, world size %d on %d host(s), master %s:%d%s%s\n", launcher.c_str(),
                    plan.world_size, plan.num_nodes, plan.master_addr.c_str(), plan.master_port,
+                   world ? ", MPI world through this launcher's PMIx server"
+                   : mpi_world ? cat(", no MPI world (", no_world, ")").c_str() : "",
                    attempt ? cat(", restart ", attempt, " of ", o.max_restarts).c_str() : "");
     }
     const Outcome out = supervise(job.procs, so);

@@ -25,6 +25,7 @@ struct LaunchOptions {
   std::string launcher_args;  ///< split on spaces, passed to pdsh/ssh/mpirun/srun
   int node_rank = -1;
   bool no_ssh = false;
+  bool no_mpi_world = false;   ///< do not serve PMIx: the local ranks form no MPI job
   int max_restarts = 0;
   std::string log_dir;
   std::string pid_file;        ///< list the started processes' pids here while they run

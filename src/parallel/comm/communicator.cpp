@@ -1,5 +1,7 @@
 #include "polytrain/parallel/comm/communicator.h"
 
+#include <cstdlib>
+
 #include "polytrain/common/dist_env.h"
 #include "polytrain/common/error.h"
 #include "polytrain/common/fault.h"
@@ -24,10 +26,13 @@ bool comm_engine_available(const std::string& engine) {
 std::unique_ptr<Communicator> make_communicator(const CommOptions& opts) {
   std::string engine = opts.engine;
   const DistEnv env = read_dist_env();
-  if (engine == "auto") {
-    const bool under_mpirun = env.source == "openmpi" || env.source == "pmi";
-    engine = opts.cuda ? "nccl" : (under_mpirun && POLYTRAIN_WITH_MPI) ? "mpi" : "gloo";
-  }
+  // An MPI world exists when mpirun (or srun) started the job, or when polytrain's launcher made
+  // its ranks on one host an MPI job through its PMIx server (POLYTRAIN_MPI_WORLD): on CPUs that
+  // is the faster engine (shared memory against Gloo's loopback TCP; README, "Intra-node
+  // all-reduce").
+  const char* served = std::getenv("POLYTRAIN_MPI_WORLD");
+  const bool mpi_world = env.source == "openmpi" || env.source == "pmi" || (served && *served);
+  if (engine == "auto") engine = opts.cuda ? "nccl" : (mpi_world && POLYTRAIN_WITH_MPI) ? "mpi" : "gloo";
   PT_INPUT_CHECK(engine == "gloo" || engine == "mpi" || engine == "nccl", "communicator engine '", engine,
                  "' is unknown (expected gloo, mpi, nccl or auto)");
   PT_INPUT_CHECK(comm_engine_available(engine), "communicator engine '", engine,
@@ -35,7 +40,14 @@ std::unique_ptr<Communicator> make_communicator(const CommOptions& opts) {
                  " nccl=", POLYTRAIN_WITH_NCCL, ")");
   fault_point("rendezvous");
 #if POLYTRAIN_WITH_MPI
-  if (engine == "mpi") return make_mpi_communicator(opts.timeout);
+  if (engine == "mpi") {
+    auto comm = make_mpi_communicator(opts.timeout);
+    PT_INPUT_CHECK(env.world_size <= 1 || (comm->size() == env.world_size && comm->rank() == env.rank), "rank ",
+                   env.rank, ": the MPI world (rank ", comm->rank(), " of ", comm->size(), ") is not the job's (rank ",
+                   env.rank, " of ", env.world_size,
+                   "): comm_backend mpi needs the ranks started by mpirun, srun or polytrain's launch on one host");
+    return comm;
+  }
 #endif
 #if POLYTRAIN_WITH_NCCL
   if (engine == "nccl") return make_nccl_communicator(env.rank, env.world_size, env.master_addr, env.master_port, opts.timeout);

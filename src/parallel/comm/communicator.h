@@ -59,8 +59,9 @@ class Communicator {
 };
 
 struct CommOptions {
-  /// gloo, mpi, nccl; "auto": nccl for a CUDA device, mpi when started by mpirun (and built
-  /// with MPI), else gloo.
+  /// gloo, mpi, nccl; "auto": nccl for a CUDA device, mpi when there is an MPI world (started by
+  /// mpirun or srun, or by polytrain's launch on one host, which serves PMIx) and the build has
+  /// MPI, else gloo.
   std::string engine = "auto";
   /// A collective (or the rendezvous) that takes longer fails with an error naming the rank
   /// and the operation instead of hanging.

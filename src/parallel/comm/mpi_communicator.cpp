@@ -7,6 +7,7 @@
 
 #include <mpi.h>
 
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <cstdlib>
@@ -16,6 +17,7 @@
 #include <torch/torch.h>
 
 #include "polytrain/common/error.h"
+#include "polytrain/common/main_guard.h"
 
 namespace polytrain {
 namespace {
@@ -45,6 +47,9 @@ void ensure_initialized() {
   // Errors come back as return codes (turned into exceptions) rather than aborting the job.
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   std::atexit([] {
+    // MPI_Finalize waits for every rank; a rank that failed leaves without it, so that its
+    // launcher (mpirun, or ours) sees it end and stops the others at once.
+    if (exiting_after_error()) return;
     int fin = 0;
     MPI_Finalized(&fin);
     if (!fin) MPI_Finalize();
@@ -68,28 +73,53 @@ int count_of(const at::Tensor& t) {
   return static_cast<int>(t.numel());
 }
 
+// Set once a collective timed out: a peer is gone or stuck, and no later collective can finish.
+std::atomic<bool> g_peer_lost{false};
+
 class MpiWork : public CommWork {
  public:
   MpiWork(MPI_Request req, std::string what, std::chrono::milliseconds timeout, std::function<void()> then)
       : req_(req), what_(std::move(what)), timeout_(timeout), then_(std::move(then)) {}
   ~MpiWork() override {
-    if (req_ != MPI_REQUEST_NULL) MPI_Wait(&req_, MPI_STATUS_IGNORE);  // buffers must outlive the op
+    // Its buffers must outlive the operation. Normally it has ended or ends within the deadline;
+    // when a peer was lost (this one timed out, or another did: the error is on its way up),
+    // MPI may still write into them, so they are left allocated and the request pending: the
+    // process is about to exit, and waiting here would keep it from doing so.
+    bool finished = req_ == MPI_REQUEST_NULL;
+    if (!finished && !g_peer_lost) {
+      try {
+        finished = finish_by(std::chrono::steady_clock::now() + timeout_);
+      } catch (const std::exception&) {
+        g_peer_lost = true;
+      }
+    }
+    if (!finished) new std::function<void()>(std::move(then_));  // keeps the tensors alive
   }
   void wait() override {
-    const auto deadline = std::chrono::steady_clock::now() + timeout_;
-    int done = 0;
-    while (req_ != MPI_REQUEST_NULL) {
-      check(MPI_Test(&req_, &done, MPI_STATUS_IGNORE), what_.c_str());
-      if (done) break;
-      if (std::chrono::steady_clock::now() > deadline) {
-        throw Error(cat(what_, " timed out after ", timeout_.count() / 1000.0, " s"));
-      }
-      std::this_thread::yield();
+    const bool lost_before = g_peer_lost;
+    if (!finish_by(std::chrono::steady_clock::now() + timeout_)) {
+      throw Error(lost_before ? cat(what_, " cannot finish: an earlier collective timed out (a rank is gone or stuck)")
+                              : cat(what_, " timed out after ", timeout_.count() / 1000.0, " s"));
     }
     if (then_) std::exchange(then_, {})();
   }
 
  private:
+  // Polls the request until it completes (true) or the deadline passes (false; peer lost).
+  bool finish_by(std::chrono::steady_clock::time_point deadline) {
+    int done = 0;
+    while (req_ != MPI_REQUEST_NULL) {
+      check(MPI_Test(&req_, &done, MPI_STATUS_IGNORE), what_.c_str());
+      if (done) break;
+      if (g_peer_lost || std::chrono::steady_clock::now() > deadline) {
+        g_peer_lost = true;
+        return false;
+      }
+      std::this_thread::yield();
+    }
+    return true;
+  }
+
   MPI_Request req_;
   std::string what_;
   std::chrono::milliseconds timeout_;
