@@ -25,9 +25,11 @@ struct Server {
   std::string tmpdir;
 
   Server() {
-    char tmpl[] = "/tmp/polytrain-pmix-XXXXXX";
-    if (!mkdtemp(tmpl)) {
-      error = std::string("cannot create a folder in /tmp: ") + std::strerror(errno);
+    std::error_code ec;
+    const auto base = std::filesystem::temp_directory_path(ec);  // $TMPDIR, else /tmp
+    std::string tmpl = (ec ? std::filesystem::path("/tmp") : base).string() + "/polytrain-pmix-XXXXXX";
+    if (!mkdtemp(tmpl.data())) {
+      error = "cannot create " + tmpl + ": " + std::strerror(errno);
       return;
     }
     tmpdir = tmpl;
