@@ -433,6 +433,14 @@ TEST(Launch, RanksOnOneHostAreOneMpiJobAndEachRestartANewOne) {
     EXPECT_EQ(j["env"]["PMIX_RANK"], sm[1].str());
     ranks_by_job[j["env"]["PMIX_NAMESPACE"]].insert(std::stoi(sm[1]));
     jobs_by_attempt[j["env"]["TORCHELASTIC_RESTART_COUNT"]].insert(j["env"]["PMIX_NAMESPACE"]);
+    // Open MPI's per-job folders (shared-memory segments on tmpfs, session files) are gone
+    // with the job, whether its ranks finished MPI_Finalize or not.
+    for (const char* k : {"OMPI_MCA_btl_vader_backing_directory", "OMPI_MCA_orte_tmpdir_base"}) {
+      ASSERT_TRUE(j["env"].contains(k)) << line;
+      const std::string dir = j["env"][k];
+      EXPECT_NE(dir.find(j["env"]["PMIX_NAMESPACE"].get<std::string>()), std::string::npos) << dir;
+      EXPECT_FALSE(fs::exists(dir)) << dir;
+    }
   }
   // One job per attempt, each its own (rank 0 of the first may be stopped before it prints).
   ASSERT_EQ(jobs_by_attempt.size(), 2u) << r.out;

@@ -87,6 +87,19 @@ std::unique_ptr<LocalMpiWorld> LocalMpiWorld::create(int nprocs, int attempt, st
   }
   std::unique_ptr<LocalMpiWorld> w(new LocalMpiWorld());
   w->nspace_ = "polytrain-" + std::to_string(getpid()) + "-" + std::to_string(attempt);
+  // Where Open MPI keeps this job's files: a rank that is killed never removes its own, and
+  // this launcher is not mpirun's daemon, which would. Shared-memory segments stay on tmpfs.
+  EnvList job_env;
+  auto job_dir = [&](const std::string& var, const std::filesystem::path& base) {
+    std::error_code ec;
+    if (std::getenv(var.c_str()) || !std::filesystem::is_directory(base, ec)) return;  // the user's value wins
+    const auto dir = base / w->nspace_;
+    if (!std::filesystem::create_directory(dir, ec) || ec) return;
+    w->job_dirs_.push_back(dir.string());
+    job_env.emplace_back(var, dir.string());
+  };
+  job_dir("OMPI_MCA_btl_vader_backing_directory", "/dev/shm");
+  job_dir("OMPI_MCA_orte_tmpdir_base", s.tmpdir);
   pmix_nspace_t ns;
   PMIX_LOAD_NSPACE(ns, w->nspace_.c_str());
 
@@ -162,6 +175,7 @@ std::unique_ptr<LocalMpiWorld> LocalMpiWorld::create(int nprocs, int attempt, st
     // binding alone. Open MPI 5 and MPICH need only the PMIX_* variables above.
     e.emplace_back("FLUX_JOB_ID", w->nspace_);
     e.emplace_back("POLYTRAIN_MPI_WORLD", "pmix");
+    e.insert(e.end(), job_env.begin(), job_env.end());
     w->env_.push_back(std::move(e));
   }
   return w;
@@ -174,6 +188,10 @@ LocalMpiWorld::~LocalMpiWorld() {
     PMIx_server_deregister_nspace(ns, cb, cbdata);
     return PMIX_SUCCESS;
   });
+  for (const auto& d : job_dirs_) {  // the job's ranks have all ended (the supervisor reaped them)
+    std::error_code ec;
+    std::filesystem::remove_all(d, ec);
+  }
 }
 
 #else

@@ -30,6 +30,9 @@ class LocalMpiWorld {
   LocalMpiWorld() = default;
   std::string nspace_;
   std::vector<EnvList> env_;
+  /// Open MPI's files for this job (shared-memory segments, session folder): removed with the
+  /// job, so that ranks killed before MPI_Finalize leave nothing in /dev/shm or /tmp.
+  std::vector<std::string> job_dirs_;
 };
 
 /// Whether this launcher was built with a PMIx server.
