@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <future>
+#include <memory>
 
 #if POLYTRAIN_WITH_PMIX
 #include <pmix.h>
@@ -58,17 +59,27 @@ Server& server() {
   return s;
 }
 
-void op_done(pmix_status_t status, void* cbdata) { static_cast<std::promise<pmix_status_t>*>(cbdata)->set_value(status); }
+using OpPromise = std::shared_ptr<std::promise<pmix_status_t>>;
+
+void op_done(pmix_status_t status, void* cbdata) {
+  auto* keep = static_cast<OpPromise*>(cbdata);
+  (*keep)->set_value(status);
+  delete keep;
+}
 
 // Runs a PMIx call that reports through an op callback and waits for it (bounded: the server's
-// own thread answers these locally).
+// own thread answers these locally). The promise is shared with the callback, which may still
+// come after a timeout.
 template <typename Call>
 pmix_status_t wait_op(Call call) {
-  std::promise<pmix_status_t> done;
-  auto f = done.get_future();
-  const pmix_status_t rc = call(&op_done, &done);
-  if (rc == PMIX_OPERATION_SUCCEEDED) return PMIX_SUCCESS;  // done inline; the callback is not called
-  if (rc != PMIX_SUCCESS) return rc;
+  auto done = std::make_shared<std::promise<pmix_status_t>>();
+  auto f = done->get_future();
+  auto* keep = new OpPromise(done);
+  const pmix_status_t rc = call(&op_done, keep);
+  if (rc != PMIX_SUCCESS) {  // the callback will not be called
+    delete keep;
+    return rc == PMIX_OPERATION_SUCCEEDED ? PMIX_SUCCESS : rc;
+  }
   if (f.wait_for(std::chrono::seconds(10)) != std::future_status::ready) return PMIX_ERR_TIMEOUT;
   return f.get();
 }
