@@ -38,6 +38,8 @@ done
 echo "== (c) all_reduce bus bandwidth (2 ranks)"
 echo "-- launch as is (one host: its ranks are an MPI job through launch's PMIx server; auto picks mpi)"
 run --num_gpus 2 "$B" comm
+echo "-- the same, MPI all-reduces whole instead of in 2 MiB segments (POLYTRAIN_MPI_SEGMENT_BYTES=0)"
+POLYTRAIN_MPI_SEGMENT_BYTES=0 run --num_gpus 2 "$B" comm
 echo "-- launch --no_mpi_world (auto picks gloo)"
 run --num_gpus 2 --no_mpi_world "$B" comm
 if command -v mpirun >/dev/null; then
