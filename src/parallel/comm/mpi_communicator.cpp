@@ -219,22 +219,23 @@ class MpiCommunicator : public Communicator {
   std::unique_ptr<CommWork> all_reduce_async(at::Tensor& t, ReduceOp op) override {
     PT_CHECK(t.is_contiguous(), "all_reduce needs a contiguous tensor");
     at::Tensor buf = native(t) ? t : t.to(at::kFloat);
-    count_of(buf);
-    const int64_t total = buf.numel(), esize = buf.element_size();
-    const int64_t seg = segment_bytes() > 0 && total * esize > 2 * segment_bytes()
-                            ? std::max<int64_t>(1, segment_bytes() / esize) : total;
+    const int total = count_of(buf);
+    const int64_t esize = buf.element_size();
+    const int seg = segment_bytes() > 0 && total * esize > 2 * segment_bytes()
+                        ? static_cast<int>(std::max<int64_t>(1, segment_bytes() / esize)) : total;
     std::deque<std::function<MPI_Request()>> steps;
-    for (int64_t off = 0; off < total || (total == 0 && off == 0); off += std::max<int64_t>(seg, 1)) {
-      const int64_t len = std::min(seg, total - off);
-      steps.push_back([this, buf, off, len, op] {
+    int off = 0;
+    do {  // one step for an empty tensor too
+      const int len = std::min(seg, total - off);
+      steps.push_back([comm = comm_, buf, off, len, op, esize] {
         MPI_Request req;
-        check(MPI_Iallreduce(MPI_IN_PLACE, static_cast<char*>(buf.data_ptr()) + off * buf.element_size(),
-                             static_cast<int>(len), mpi_type(buf.scalar_type()), mpi_op(op), comm_, &req),
+        check(MPI_Iallreduce(MPI_IN_PLACE, static_cast<char*>(buf.data_ptr()) + off * esize, len,
+                             mpi_type(buf.scalar_type()), mpi_op(op), comm, &req),
               "MPI_Iallreduce");
         return req;
       });
-      if (total == 0) break;
-    }
+      off += seg;
+    } while (off < total);
     const int n = size_;
     return work(std::move(steps), "all_reduce", [t, buf, op, n]() mutable {
       if (op == ReduceOp::kAvg) buf.div_(n);
@@ -251,10 +252,10 @@ class MpiCommunicator : public Communicator {
     at::Tensor dst = nat && out.scalar_type() == in.scalar_type() ? out : at::empty({out.numel()}, src.options());
     const int count = count_of(out);
     const int n = size_;
-    return work(one([this, src, dst, count, op] {
+    return work(one([comm = comm_, src, dst, count, op] {
                   MPI_Request req;
                   check(MPI_Ireduce_scatter_block(src.data_ptr(), dst.data_ptr(), count, mpi_type(src.scalar_type()),
-                                                  mpi_op(op), comm_, &req),
+                                                  mpi_op(op), comm, &req),
                         "MPI_Ireduce_scatter_block");
                   return req;
                 }),
@@ -272,10 +273,10 @@ class MpiCommunicator : public Communicator {
     at::Tensor src = in.contiguous();
     const int64_t bytes = src.numel() * src.element_size();
     PT_INPUT_CHECK(bytes <= INT_MAX, "mpi: all_gather of ", bytes, " bytes exceeds MPI's int count");
-    return work(one([this, src, out, bytes] {
+    return work(one([comm = comm_, src, out, bytes] {
                   MPI_Request req;
                   check(MPI_Iallgather(src.data_ptr(), static_cast<int>(bytes), MPI_BYTE, out.data_ptr(),
-                                       static_cast<int>(bytes), MPI_BYTE, comm_, &req),
+                                       static_cast<int>(bytes), MPI_BYTE, comm, &req),
                         "MPI_Iallgather");
                   return req;
                 }),
@@ -286,9 +287,9 @@ class MpiCommunicator : public Communicator {
     PT_CHECK(t.is_contiguous(), "broadcast needs a contiguous tensor");
     const int64_t bytes = t.numel() * t.element_size();
     PT_INPUT_CHECK(bytes <= INT_MAX, "mpi: broadcast of ", bytes, " bytes exceeds MPI's int count");
-    return work(one([this, t, bytes, root] {
+    return work(one([comm = comm_, t, bytes, root] {
                   MPI_Request req;
-                  check(MPI_Ibcast(t.data_ptr(), static_cast<int>(bytes), MPI_BYTE, root, comm_, &req), "MPI_Ibcast");
+                  check(MPI_Ibcast(t.data_ptr(), static_cast<int>(bytes), MPI_BYTE, root, comm, &req), "MPI_Ibcast");
                   return req;
                 }),
                 cat("broadcast from rank ", root), [t]() {});
@@ -300,10 +301,10 @@ class MpiCommunicator : public Communicator {
     const bool at_root = rank_ == root;
     const int count = count_of(buf);
     const int n = size_;
-    return work(one([this, buf, at_root, count, op, root] {
+    return work(one([comm = comm_, buf, at_root, count, op, root] {
                   MPI_Request req;
                   check(MPI_Ireduce(at_root ? MPI_IN_PLACE : buf.data_ptr(), buf.data_ptr(), count,
-                                    mpi_type(buf.scalar_type()), mpi_op(op), root, comm_, &req),
+                                    mpi_type(buf.scalar_type()), mpi_op(op), root, comm, &req),
                         "MPI_Ireduce");
                   return req;
                 }),
@@ -315,9 +316,9 @@ class MpiCommunicator : public Communicator {
   }
 
   void barrier() override {
-    work(one([this] {
+    work(one([comm = comm_] {
            MPI_Request req;
-           check(MPI_Ibarrier(comm_, &req), "MPI_Ibarrier");
+           check(MPI_Ibarrier(comm, &req), "MPI_Ibarrier");
            return req;
          }),
          "barrier", {})
@@ -325,8 +326,8 @@ class MpiCommunicator : public Communicator {
   }
 
   std::unique_ptr<Communicator> split(int color, int key) override {
-    // A blocking collective: everything queued before it must have started (and so it ends
-    // them all: a barrier does, in order).
+    // A blocking collective: every rank must have started everything queued before it (a
+    // barrier behind them in the queue starts only then).
     if (!queue_->empty()) barrier();
     MPI_Comm sub;
     check(MPI_Comm_split(comm_, color, key, &sub), "MPI_Comm_split");
