@@ -156,7 +156,10 @@ int check_layers(int rank, int p, int port) {
     auto xr = x.clone().requires_grad_(true), xt = x.clone().requires_grad_(true);
     auto yr = ref.col(xr);
     auto yt = zoo.col(xt);
-    check(torch::equal(yt, yr.narrow(-1, begin, c)), "column output");
+    // A column shard's product is a GEMM of another width than the whole layer's; BLAS kernels
+    // may block (and so sum) it differently (OpenBLAS's Prescott kernel does): a tolerance, not
+    // bit equality.
+    check(max_diff(yt, yr.narrow(-1, begin, c)) < 1e-5, "column output");
     yr.backward(up12);
     yt.backward(up12.narrow(-1, begin, c).contiguous());
     // Weight and bias gradients reduce over the 15 rows in another blocking than the whole
@@ -167,7 +170,7 @@ int check_layers(int rank, int p, int port) {
   }
   {  // column, gathered
     auto yt = zoo.col_gathered(x);
-    check(torch::equal(yt, ref.col_gathered(x)), "gathered column output");
+    check(max_diff(yt, ref.col_gathered(x)) < 1e-5, "gathered column output");
   }
   {  // row, input already split
     auto hr = torch::randn({3, 5, 12});
@@ -180,7 +183,7 @@ int check_layers(int rank, int p, int port) {
     yt.backward(up6);
     check(max_diff(zoo.row->weight.grad(), ref.row->weight.grad().narrow(1, begin, c)) < 1e-6, "row dW");
     check(torch::equal(zoo.row->bias.grad(), ref.row->bias.grad()), "row db (replicated)");
-    check(torch::equal(hl.grad(), h.grad().narrow(-1, begin, c)), "row dX");
+    check(max_diff(hl.grad(), h.grad().narrow(-1, begin, c)) < 1e-5, "row dX");
   }
   {  // row, input scattered first
     auto h = torch::randn({3, 5, 12}).requires_grad_(true);
