@@ -2,7 +2,8 @@
 // polytrain's BertForMaskedLM on a fixed random batch, the same model, batch and threads as
 // bert_step_torch.py. Usage: bench_bert_step tiny|base STEPS THREADS [MODE]   (THREADS 0:
 // polytrain's default, all the CPUs this process may use); bench_bert_step gemm 0 THREADS:
-// this machine's fp32 GEMM rate.
+// this machine's fp32 GEMM rate; bench_bert_step peaks 0 THREADS: the CPU, the BLAS kernel, the
+// fp32 and bf16 GEMM rates and the cores' fp32 FMA and AMX bf16 peaks (bench/gemm_peak.h).
 // MODE: default (the model's defaults, what train_bert runs: the MLM head only at masked
 //       positions and the fused LM loss, no [tokens, vocab] logits),
 //       fused (fused LM loss, head at every position),
@@ -23,6 +24,7 @@
 
 #include "gemm_peak.h"
 #include "polytrain/common/autocast.h"
+#include "polytrain/common/blas_kernel.h"
 #include "polytrain/common/config.h"
 #include "polytrain/common/cpu_budget.h"
 #include "polytrain/models/bert.h"
@@ -42,6 +44,17 @@ int main(int argc, char** argv) {
   std::printf("threads %d\n", at::get_num_threads());
   if (size == "gemm") {
     std::printf("gemm_gflops %.1f\n", bench::gemm_gflops());
+    return 0;
+  }
+  if (size == "peaks") {  // bench/blas_kernels.sh: GEMM rates against the cores' arithmetic peaks
+    const int t = at::get_num_threads();
+    const auto [fp32_peak, isa] = bench::fp32_peak_gflops(t);
+    std::printf("cpu %s\n", describe_cpu(host_cpu_features()).c_str());
+    std::printf("blas %s [kernel %s]\n", blas_description().c_str(), blas_kernel_note().c_str());
+    std::printf("fp32_gemm_gflops %.1f\n", bench::gemm_gflops());
+    std::printf("fp32_peak_gflops %.1f (%s)\n", fp32_peak, isa.c_str());
+    std::printf("bf16_gemm_gflops %.1f\n", bench::gemm_gflops(1024, 5, 8, at::kBFloat16));
+    std::printf("amx_bf16_peak_gflops %.1f\n", bench::amx_bf16_peak_gflops(t));
     return 0;
   }
   const std::string mode = argc > 4 ? argv[4] : "default";

@@ -27,6 +27,7 @@
 #include "helpers/free_port.h"
 #include "helpers/own_process.h"
 #include "helpers/require.h"
+#include "polytrain/common/blas_kernel.h"
 #include "polytrain/common/cpu_budget.h"
 #include "polytrain/launcher/mpi_world.h"
 
@@ -803,6 +804,52 @@ TEST(Threads, ASingleRunUsesEveryCpuAndLaunchedWorkersSplitThem) {
   EXPECT_NE(r.out.find("[rank 0] polytrain: threads " + std::to_string(std::max(1, cpus / 2)) + " (OMP_NUM_THREADS)"),
             std::string::npos)
       << r.out;
+}
+
+// OpenBLAS's kernel: the first line names it and says why; a program whose OpenBLAS fell back
+// to an old kernel executes itself again with the CPU's (OPENBLAS_CORETYPE), and the launcher
+// sets it for its workers. The fall-back is made real with OPENBLAS_CORETYPE=Prescott (OpenBLAS
+// then loads its SSE3 kernels) and POLYTRAIN_TEST_OPENBLAS_FALLBACK=1 (the variable then counts as
+// OpenBLAS's own pick, not the user's).
+TEST(Threads, AFallenBackOpenBlasKernelIsReplacedByTheCpusBestAndTheFirstLineSaysWhy) {
+  PT_SKIP_UNLESS(fs::exists(fs::path(POLYTRAIN_SOURCE_DIR) / ".cache/assets/vocab/bert-base-uncased-vocab.txt"),
+                 "the BERT vocab in .cache/assets (scripts/fetch_assets.sh)");
+  const auto want = polytrain::choose_openblas_core(polytrain::host_cpu_features(), "Prescott", nullptr);
+  ASSERT_FALSE(want.coretype.empty()) << "this CPU has neither AVX nor AVX2: " << polytrain::describe_cpu(polytrain::host_cpu_features());
+  TempDir t;
+  const std::string train = std::string(POLYTRAIN_BINARY_DIR) + "/train_bert --config configs/bert_tiny.json --max_steps 1"
+                            " --save_interval 0 --eval_interval 1000 --log_interval 1 --no_progress_bar --experiments_dir '" +
+                            (t.path / "exp").string() + "'";
+  auto first_line = [](const std::string& out) { return out.substr(0, out.find('\n')); };
+  // As is: OpenBLAS's own pick on this machine, named.
+  auto r = run("env -u OPENBLAS_CORETYPE -u POLYTRAIN_BLAS_KERNEL " + train, POLYTRAIN_SOURCE_DIR);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(first_line(r.out).find("[kernel "), std::string::npos) << r.out;
+  // A fall-back: re-executed with the CPU's kernel, which OpenBLAS then runs; the step trains.
+  r = run("env -u POLYTRAIN_BLAS_KERNEL OPENBLAS_CORETYPE=Prescott POLYTRAIN_TEST_OPENBLAS_FALLBACK=1 " + train,
+          POLYTRAIN_SOURCE_DIR);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(first_line(r.out).find(" " + want.coretype + " "), std::string::npos) << "OpenBLAS's config:\n" << r.out;
+  EXPECT_NE(first_line(r.out).find("[kernel " + want.coretype + ", chosen by polytrain: OpenBLAS picked Prescott for "),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("\nstep 1/"), std::string::npos) << r.out;
+  // The user's own OPENBLAS_CORETYPE wins, and the line says it is theirs.
+  r = run("env -u POLYTRAIN_BLAS_KERNEL OPENBLAS_CORETYPE=Prescott " + train, POLYTRAIN_SOURCE_DIR);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(first_line(r.out).find("[kernel Prescott, OPENBLAS_CORETYPE=Prescott from the environment]"), std::string::npos)
+      << r.out;
+  // The launcher chooses for its workers (each would otherwise re-execute itself).
+  r = run("env -u POLYTRAIN_BLAS_KERNEL OPENBLAS_CORETYPE=Prescott POLYTRAIN_TEST_OPENBLAS_FALLBACK=1 " + env_prefix(t) +
+              kLaunch + " --num_gpus 2 --slot_type cpu " + kProbe,
+          t.path);
+  auto p = probes(r.out);
+  ASSERT_EQ(p.size(), 2u) << r.out;
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(p[rank]["env"]["OPENBLAS_CORETYPE"], want.coretype) << r.out;
+    EXPECT_EQ(p[rank]["env"]["POLYTRAIN_BLAS_KERNEL"].get<std::string>().rfind(want.coretype + "|chosen by polytrain", 0), 0u)
+        << r.out;
+  }
 }
 
 // ---- fault injection (POLYTRAIN_FAULT, src/common/fault.h) ----------------------------------

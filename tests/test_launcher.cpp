@@ -1,12 +1,16 @@
 // The launcher's pure parts, table-driven as DeepSpeed's runner tests are: hostfile parsing,
 // --include/--exclude, --num_nodes/--num_gpus, the world plan and worker environment, the
-// .deepspeed_env file, and the pdsh / ssh / mpirun / srun command lines.
+// .deepspeed_env file, the pdsh / ssh / mpirun / srun command lines, and the OpenBLAS kernel
+// chosen for the workers by CPU features (recorded /proc/cpuinfo samples).
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
+#include "polytrain/common/blas_kernel.h"
 #include "polytrain/common/error.h"
 #include "polytrain/launcher/env_file.h"
 #include "polytrain/launcher/hostfile.h"
@@ -340,3 +344,89 @@ TEST(Runners, FindInPath) {
 }
 
 }  // namespace
+
+// ---- OpenBLAS's kernel by CPU features (src/common/blas_kernel.h) on recorded /proc/cpuinfo ----
+
+namespace blas_cases {
+
+CpuFeatures sample(const std::string& file) {
+  std::ifstream in(std::string(POLYTRAIN_SOURCE_DIR) + "/tests/data/cpuinfo/" + file);
+  EXPECT_TRUE(in.good()) << file;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return cpu_features_from_cpuinfo(ss.str());
+}
+
+}  // namespace blas_cases
+
+TEST(BlasKernel, ParsesTheFirstProcessorBlock) {
+  const auto spr = blas_cases::sample("intel_xeon_6_207_amx.txt");
+  EXPECT_EQ(spr.vendor, "GenuineIntel");
+  EXPECT_EQ(spr.family, 6);
+  EXPECT_EQ(spr.model, 207);
+  EXPECT_TRUE(spr.sse3 && spr.avx && spr.avx2 && spr.fma && spr.avx512 && spr.avx512_bf16 && spr.amx_bf16);
+  EXPECT_EQ(describe_cpu(spr), "Intel family 6 model 207, AVX-512, AVX512-BF16, AMX-BF16");
+  const auto zen3 = blas_cases::sample("amd_epyc_zen3_25_1.txt");  // the second block says "fpu" only
+  EXPECT_TRUE(zen3.avx2 && zen3.fma);
+  EXPECT_FALSE(zen3.avx512 || zen3.avx512_bf16 || zen3.amx_bf16);
+  EXPECT_EQ(describe_cpu(zen3), "AMD family 25 model 1, AVX2+FMA");
+  const auto zen4 = blas_cases::sample("amd_epyc_zen4_25_17.txt");
+  EXPECT_TRUE(zen4.avx512 && zen4.avx512_bf16);
+  EXPECT_FALSE(zen4.amx_bf16);
+  const auto bdw = blas_cases::sample("intel_xeon_broadwell_avx2_6_79.txt");
+  EXPECT_TRUE(bdw.avx2 && bdw.fma && !bdw.avx512);
+  // AVX-512 needs all five subsets SkylakeX's kernels use; F alone is not enough.
+  EXPECT_FALSE(cpu_features_from_cpuinfo("processor : 0\nflags : pni avx avx2 fma avx512f\n").avx512);
+  EXPECT_EQ(cpu_features_from_cpuinfo("").family, -1);
+}
+
+struct BlasCase {
+  const char* sample;
+  const char* openblas_pick;
+  const char* user_env;  // OPENBLAS_CORETYPE, null when unset
+  const char* want;      // the coretype chosen, "" to leave OpenBLAS's pick
+  const char* reason;    // a part of the reason
+};
+void PrintTo(const BlasCase& c, std::ostream* os) { *os << c.sample << " / " << c.openblas_pick; }
+
+class BlasKernelChoices : public ::testing::TestWithParam<BlasCase> {};
+
+TEST_P(BlasKernelChoices, ChoosesByFeaturesOnlyWhenOpenBlasFellBack) {
+  const auto& c = GetParam();
+  const auto choice = choose_openblas_core(blas_cases::sample(c.sample), c.openblas_pick, c.user_env);
+  EXPECT_EQ(choice.coretype, c.want);
+  EXPECT_NE(choice.reason.find(c.reason), std::string::npos) << choice.reason;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Samples, BlasKernelChoices,
+    ::testing::Values(
+        // The Xeon OpenBLAS 0.3.21 does not know: Prescott's SSE3 kernels -> SkylakeX.
+        BlasCase{"intel_xeon_6_207_amx.txt", "Prescott", nullptr, "SkylakeX",
+                 "chosen by polytrain: OpenBLAS picked Prescott for Intel family 6 model 207, AVX-512"},
+        BlasCase{"intel_xeon_6_207_amx.txt", "Prescott", "", "SkylakeX", "picked Prescott"},  // empty = unset
+        // A user's OPENBLAS_CORETYPE wins, whatever it says.
+        BlasCase{"intel_xeon_6_207_amx.txt", "Prescott", "Haswell", "", "OPENBLAS_CORETYPE=Haswell from the environment"},
+        // The model OpenBLAS knows: its own pick stays.
+        BlasCase{"intel_xeon_6_167_amx.txt", "SkylakeX", nullptr, "", "OpenBLAS's own pick"},
+        BlasCase{"intel_xeon_6_167_amx.txt", "Cooperlake", nullptr, "", "OpenBLAS's own pick"},
+        // Zen 3 and Zen 4: OpenBLAS's Zen (or Haswell) kernels are AVX2 ones: kept, even where the
+        // CPU has AVX-512 (no measurement says SkylakeX's would be faster there).
+        BlasCase{"amd_epyc_zen3_25_1.txt", "Zen", nullptr, "", "OpenBLAS's own pick for AMD family 25 model 1"},
+        BlasCase{"amd_epyc_zen4_25_17.txt", "Zen", nullptr, "", "OpenBLAS's own pick"},
+        BlasCase{"amd_epyc_zen4_25_17.txt", "Haswell", nullptr, "", "OpenBLAS's own pick"},
+        // A fall-back on them is corrected to their best: SkylakeX with AVX-512, else Haswell.
+        BlasCase{"amd_epyc_zen4_25_17.txt", "Barcelona", nullptr, "SkylakeX", "picked Barcelona"},
+        BlasCase{"amd_epyc_zen3_25_1.txt", "Prescott", nullptr, "Haswell", "picked Prescott"},
+        BlasCase{"intel_xeon_broadwell_avx2_6_79.txt", "Nehalem", nullptr, "Haswell", "AVX2+FMA"},
+        BlasCase{"intel_xeon_broadwell_avx2_6_79.txt", "Sandybridge", nullptr, "Haswell", "picked Sandybridge"},
+        BlasCase{"intel_xeon_broadwell_avx2_6_79.txt", "Haswell", nullptr, "", "OpenBLAS's own pick"},
+        // Not OpenBLAS (netlib, BLIS, MKL): nothing to choose; a core name nobody knows: left alone.
+        BlasCase{"intel_xeon_6_207_amx.txt", "", nullptr, "", ""},
+        BlasCase{"intel_xeon_6_207_amx.txt", "Graniterapids", nullptr, "", "a core this choice does not know"}));
+
+// The choice travels as OPENBLAS_CORETYPE plus POLYTRAIN_BLAS_KERNEL="CORE|reason".
+TEST(BlasKernel, TheChoiceTravelsWithItsReason) {
+  const auto c = choose_openblas_core(blas_cases::sample("intel_xeon_6_207_amx.txt"), "Prescott", nullptr);
+  EXPECT_EQ(blas_kernel_env_value(c), "SkylakeX|" + c.reason);
+}

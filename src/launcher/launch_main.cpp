@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "polytrain/common/error.h"
+#include "polytrain/common/blas_kernel.h"
 #include "polytrain/common/cpu_budget.h"
 #include "polytrain/common/main_guard.h"
 #include "polytrain/launcher/env_file.h"
@@ -103,9 +104,17 @@ void local_procs(const LaunchOptions& o, const WorldPlan& plan, int node, const 
   const bool set_threads = !std::getenv("OMP_NUM_THREADS") && n.ranks.size() > 1;
   const std::string share =
       set_threads ? std::to_string(std::max<size_t>(1, static_cast<size_t>(available_cpus()) / n.ranks.size())) : "";
+  // OpenBLAS's kernel for this host's CPU, when its own pick fell back to an older one (the
+  // workers would otherwise each re-execute themselves to get it; src/common/blas_kernel.h).
+  static const BlasKernelChoice blas =
+      choose_openblas_core(host_cpu_features(), openblas_core_of_libblas(), user_openblas_coretype());
   for (size_t i = 0; i < n.ranks.size(); ++i) {
     EnvList env = exports;
     if (set_threads) set_env(env, "OMP_NUM_THREADS", share);
+    if (!blas.coretype.empty()) {
+      set_env(env, "OPENBLAS_CORETYPE", blas.coretype);
+      set_env(env, kBlasChoiceEnv, blas_kernel_env_value(blas));
+    }
     for (const auto& [k, v] : worker_env(plan, node, static_cast<int>(i), restart)) set_env(env, k, v);
     if (world)
       for (const auto& [k, v] : world->env(static_cast<int>(i))) set_env(env, k, v);
@@ -119,6 +128,7 @@ void local_procs(const LaunchOptions& o, const WorldPlan& plan, int node, const 
     Argv shown;
     for (const auto& [k, v] : worker_env(plan, node, static_cast<int>(i), restart)) shown.push_back(k + "=" + v);
     if (set_threads) shown.push_back("OMP_NUM_THREADS=" + share);
+    if (!blas.coretype.empty()) shown.push_back("OPENBLAS_CORETYPE=" + blas.coretype);
     shown.insert(shown.end(), p.argv.begin(), p.argv.end());
     job.hosts_commands[n.host].push_back(join_command(shown));
     job.procs.push_back(std::move(p));

@@ -27,6 +27,7 @@
 #include <torch/utils.h>
 
 #include "polytrain/common/autocast.h"
+#include "polytrain/common/blas_kernel.h"
 #include "polytrain/common/cpu_budget.h"
 #include "polytrain/common/dist_env.h"
 #include "polytrain/common/error.h"
@@ -138,8 +139,10 @@ Trainer::Trainer(Config cfg)
     rank = 0;  // the backend reports a malformed job environment, naming the variable
   }
   if (rank == 0) {
-    std::printf("polytrain: threads %d (%s) | BLAS %s | allocator %s\n", at::get_num_threads(), thread_source.c_str(),
-                blas_description().c_str(), allocator_description().c_str());
+    const std::string kernel = blas_kernel_note();
+    std::printf("polytrain: threads %d (%s) | BLAS %s%s | allocator %s\n", at::get_num_threads(), thread_source.c_str(),
+                blas_description().c_str(), kernel.empty() ? "" : (" [kernel " + kernel + "]").c_str(),
+                allocator_description().c_str());
     std::fflush(stdout);
   }
 }

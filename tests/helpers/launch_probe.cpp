@@ -52,7 +52,8 @@ int main(int argc, char** argv) {
   for (const char* k : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "CROSS_RANK",
                         "CROSS_SIZE", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES",
                         "TORCHELASTIC_RESTART_COUNT", "OMP_NUM_THREADS", "PROBE_FROM_ENV_FILE", "POLYTRAIN_MPI_WORLD",
-                        "PMIX_RANK", "PMIX_NAMESPACE", "OMPI_MCA_btl_vader_backing_directory", "OMPI_MCA_orte_tmpdir_base"}) {
+                        "PMIX_RANK", "PMIX_NAMESPACE", "OMPI_MCA_btl_vader_backing_directory", "OMPI_MCA_orte_tmpdir_base",
+                        "OPENBLAS_CORETYPE", "POLYTRAIN_BLAS_KERNEL"}) {
     if (const char* v = std::getenv(k)) j["env"][k] = v;
   }
   const auto d = polytrain::read_dist_env();
