@@ -15,6 +15,7 @@ STEPS="${STEPS:-$([[ $SIZE == base ]] && echo 8 || echo 40)}"
 cd "$ROOT"
 unset OMP_NUM_THREADS
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+"$BUILD/bench_bert_step" cpu 0 0 | grep -E '^(cpu|blas) '
 echo "CPU bf16 flags: $(grep -o -w 'avx512_bf16\|amx_bf16' /proc/cpuinfo | sort -u | tr '\n' ' ')| $(nproc) CPUs | BERT $SIZE, $STEPS steps"
 printf "%-6s %10s %8s %12s %10s  %s\n" level ms/step "vs fp32" "peak RSS MB" "last loss" "bytes/param (weights+grads+master+Adam)"
 for level in fp32 bf16 O1 O2 O3; do

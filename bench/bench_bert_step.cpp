@@ -4,6 +4,7 @@
 // polytrain's default, all the CPUs this process may use); bench_bert_step gemm 0 THREADS:
 // this machine's fp32 GEMM rate; bench_bert_step peaks 0 THREADS: the CPU, the BLAS kernel, the
 // fp32 and bf16 GEMM rates and the cores' fp32 FMA and AMX bf16 peaks (bench/gemm_peak.h).
+// bench_bert_step cpu 0 0: the CPU and BLAS lines the benchmark scripts print beside their figures.
 // MODE: default (the model's defaults, what train_bert runs: the MLM head only at masked
 //       positions and the fused LM loss, no [tokens, vocab] logits),
 //       fused (fused LM loss, head at every position),
@@ -44,6 +45,11 @@ int main(int argc, char** argv) {
   std::printf("threads %d\n", at::get_num_threads());
   if (size == "gemm") {
     std::printf("gemm_gflops %.1f\n", bench::gemm_gflops());
+    return 0;
+  }
+  if (size == "cpu") {  // what the benchmark scripts print beside their figures
+    std::printf("cpu %s | %s\n", describe_cpu(host_cpu_features()).c_str(), host_cpu_features().model_name.c_str());
+    std::printf("blas %s [kernel %s]\n", blas_description().c_str(), blas_kernel_note().c_str());
     return 0;
   }
   if (size == "peaks") {  // bench/blas_kernels.sh: GEMM rates against the cores' arithmetic peaks

@@ -28,7 +28,7 @@ for name in default Prescott Haswell SkylakeX Cooperlake ${blis:+BLIS}; do
   for ((i = 0; i < ROUNDS; i++)); do
     case $name in
       default) out=$(env -u OPENBLAS_CORETYPE "$BUILD/bench_bert_step" gemm 0 0) ;;
-      BLIS) out=$(LD_LIBRARY_PATH="$blis" "$BUILD/bench_bert_step" gemm 0 0) ;;
+      BLIS) out=$(LD_LIBRARY_PATH="$blis${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$BUILD/bench_bert_step" gemm 0 0) ;;
       *) out=$(OPENBLAS_CORETYPE=$name "$BUILD/bench_bert_step" gemm 0 0) ;;
     esac
     r=$(best "$(echo "$out" | get gemm_gflops)" "$r")

@@ -430,3 +430,20 @@ TEST(BlasKernel, TheChoiceTravelsWithItsReason) {
   const auto c = choose_openblas_core(blas_cases::sample("intel_xeon_6_207_amx.txt"), "Prescott", nullptr);
   EXPECT_EQ(blas_kernel_env_value(c), "SkylakeX|" + c.reason);
 }
+
+// bf16 autocast on a CPU: kept where the CPU multiplies bf16 natively, fp32 otherwise.
+TEST(BlasKernel, Bf16IsKeptOnlyWhereTheCpuHasNativeBf16) {
+  for (const char* native : {"intel_xeon_6_207_amx.txt", "intel_xeon_6_167_amx.txt", "amd_epyc_zen4_25_17.txt"})
+    EXPECT_EQ(cpu_bf16_fallback_reason(blas_cases::sample(native), nullptr), "") << native;
+  const auto zen3 = cpu_bf16_fallback_reason(blas_cases::sample("amd_epyc_zen3_25_1.txt"), nullptr);
+  EXPECT_NE(zen3.find("has neither AVX512-BF16 nor AMX-BF16, so bf16 matmuls would be unsupported by oneDNN"),
+            std::string::npos)
+      << zen3;
+  EXPECT_NE(cpu_bf16_fallback_reason(blas_cases::sample("intel_xeon_broadwell_avx2_6_79.txt"), nullptr), "");
+  const auto skx = cpu_bf16_fallback_reason(
+      cpu_features_from_cpuinfo("processor : 0\nflags : pni avx avx2 fma avx512f avx512cd avx512bw avx512dq avx512vl\n"),
+      nullptr);
+  EXPECT_NE(skx.find("emulated"), std::string::npos) << skx;
+  EXPECT_EQ(cpu_bf16_fallback_reason(blas_cases::sample("amd_epyc_zen3_25_1.txt"), "1"), "");  // kept on request
+  EXPECT_EQ(cpu_bf16_fallback_reason(blas_cases::sample("intel_xeon_6_207_amx.txt"), "0"), "POLYTRAIN_CPU_BF16=0");
+}

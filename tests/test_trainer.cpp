@@ -1,6 +1,8 @@
 // The Trainer loop with env_type=pytorch on a tiny BERT and a synthetic, learnable MLM source:
 // loss falls, gradient accumulation, non-finite steps skipped, bit-exact resume, the experiment
 // folder's files, and checkpoints that survive corruption and a kill during save.
+#include <cstdlib>
+
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -115,6 +117,28 @@ TEST(Trainer, Bf16TrainsOnCpuWithFp32MasterWeights) {
   EXPECT_GT(max_rel, 0.0) << "bf16 gave the fp32 losses bit for bit: autocast did not run";
   EXPECT_LT(std::abs(bf16.losses[0] / fp32.losses[0] - 1), 0.02);  // same start, to bf16 rounding
   for (auto& p : params) EXPECT_EQ(p.scalar_type(), at::kFloat);
+}
+
+// On a CPU without native bf16 (or with POLYTRAIN_CPU_BF16=0, which this test sets), bf16 would
+// be slower than fp32 or fail: the trainer trains in fp32 instead, bit for bit, and says why.
+// (ctest sets POLYTRAIN_CPU_BF16=1 for the other tests, so that they test bf16 on any CPU.)
+TEST(Trainer, Bf16FallsBackToFp32WithALineWhereTheCpuHasNoNativeBf16) {
+  TempDir tmp;
+  auto cfg = tiny_config(tmp.path, 0.0);
+  cfg.trainer.max_steps = 3;
+  cfg.trainer.eval_interval = 0;
+  auto fp32 = run(cfg);
+  cfg.bf16.enabled = true;
+  const char* before = std::getenv("POLYTRAIN_CPU_BF16");
+  const std::string saved = before ? before : "";
+  ::setenv("POLYTRAIN_CPU_BF16", "0", 1);
+  ::testing::internal::CaptureStdout();
+  auto fallen = run(cfg);
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  if (before) ::setenv("POLYTRAIN_CPU_BF16", saved.c_str(), 1); else ::unsetenv("POLYTRAIN_CPU_BF16");
+  EXPECT_NE(out.find("bf16: training in fp32 instead: POLYTRAIN_CPU_BF16=0"), std::string::npos) << out;
+  ASSERT_EQ(fallen.losses.size(), fp32.losses.size());
+  for (size_t i = 0; i < fp32.losses.size(); ++i) EXPECT_EQ(fallen.losses[i], fp32.losses[i]) << i;
 }
 
 TEST(Trainer, Fp16NeedsCuda) {

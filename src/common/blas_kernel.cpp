@@ -115,6 +115,16 @@ std::string describe_cpu(const CpuFeatures& f) {
   return s;
 }
 
+std::string cpu_bf16_fallback_reason(const CpuFeatures& cpu, const char* env) {
+  const std::string e = env ? env : "";
+  if (e == "1") return "";
+  if (e == "0") return "POLYTRAIN_CPU_BF16=0";
+  if (cpu.avx512_bf16 || cpu.amx_bf16) return "";
+  return "this CPU (" + describe_cpu(cpu) + ") has neither AVX512-BF16 nor AMX-BF16, so bf16 matmuls would be " +
+         (cpu.avx512 ? "emulated (3x slower than fp32 for BERT-base)" : "unsupported by oneDNN") +
+         "; POLYTRAIN_CPU_BF16=1 keeps bf16";
+}
+
 BlasKernelChoice choose_openblas_core(const CpuFeatures& cpu, const std::string& openblas_pick, const char* user_env) {
   if (user_env && *user_env) return {"", std::string("OPENBLAS_CORETYPE=") + user_env + " from the environment"};
   if (openblas_pick.empty()) return {"", ""};

@@ -31,6 +31,12 @@ CpuFeatures host_cpu_features();
 /// "family 6 model 207, AVX-512, AVX512-BF16, AMX-BF16": what the decision and benchmarks print.
 std::string describe_cpu(const CpuFeatures& f);
 
+/// Whether bf16 autocast is worth running on this CPU: a reason to train in fp32 instead, empty
+/// to keep bf16. Without AVX512-BF16 or AMX-BF16 oneDNN emulates bf16 matmuls (BERT-base: 3x
+/// slower than fp32 with AVX-512 alone) or has none (AVX2: Debian's oneDNN 2.6 throws).
+/// `env` is POLYTRAIN_CPU_BF16: "1" keeps bf16 anyway, "0" falls back on any CPU.
+std::string cpu_bf16_fallback_reason(const CpuFeatures& cpu, const char* env);
+
 /// The decision: `coretype` is the OPENBLAS_CORETYPE to run with, empty to leave OpenBLAS's own
 /// pick; `reason` is one clause for the run's first line.
 struct BlasKernelChoice {

@@ -280,6 +280,16 @@ void Trainer::setup(const std::shared_ptr<torch::nn::Module>& model, const Batch
   PT_INPUT_CHECK(!cfg_.fp16.enabled || ctx.device.is_cuda(),
                  "fp16.enabled needs a CUDA device (trainer.pytorch_device cuda); on CPU use bf16.enabled");
   if (cfg_.fp16.enabled) scaler_.emplace(cfg_.fp16);
+  if (autocast_ == c10::kBFloat16 && !ctx.device.is_cuda()) {
+    // bf16 autocast (bf16.enabled, amp O1) on a CPU without native bf16 would run slower than
+    // fp32, or not at all: fp32 instead, said once (every rank decides alike on its own CPU).
+    const std::string why = cpu_bf16_fallback_reason(host_cpu_features(), std::getenv("POLYTRAIN_CPU_BF16"));
+    if (!why.empty()) {
+      autocast_.reset();
+      if (ctx.writes_logs) std::printf("bf16: training in fp32 instead: %s\n", why.c_str());
+      std::fflush(stdout);
+    }
+  }
   if (ctx.device.is_cuda()) at::globalContext().setFloat32MatmulPrecision(opts.tf32 ? "high" : "highest");
   const AmpPlan amp = amp_plan(cfg_.amp);
   if (amp.enabled) {
