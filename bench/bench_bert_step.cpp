@@ -47,16 +47,14 @@ int main(int argc, char** argv) {
     std::printf("gemm_gflops %.1f\n", bench::gemm_gflops());
     return 0;
   }
-  if (size == "cpu") {  // what the benchmark scripts print beside their figures
+  if (size == "cpu" || size == "peaks") {  // what the benchmark scripts print beside their figures
     std::printf("cpu %s | %s\n", describe_cpu(host_cpu_features()).c_str(), host_cpu_features().model_name.c_str());
     std::printf("blas %s [kernel %s]\n", blas_description().c_str(), blas_kernel_note().c_str());
-    return 0;
   }
+  if (size == "cpu") return 0;
   if (size == "peaks") {  // bench/blas_kernels.sh: GEMM rates against the cores' arithmetic peaks
     const int t = at::get_num_threads();
     const auto [fp32_peak, isa] = bench::fp32_peak_gflops(t);
-    std::printf("cpu %s\n", describe_cpu(host_cpu_features()).c_str());
-    std::printf("blas %s [kernel %s]\n", blas_description().c_str(), blas_kernel_note().c_str());
     std::printf("fp32_gemm_gflops %.1f\n", bench::gemm_gflops());
     std::printf("fp32_peak_gflops %.1f (%s)\n", fp32_peak, isa.c_str());
     std::printf("bf16_gemm_gflops %.1f\n", bench::gemm_gflops(1024, 5, 8, at::kBFloat16));

@@ -99,10 +99,14 @@ CpuFeatures cpu_features_from_cpuinfo(const std::string& text) {
 }
 
 CpuFeatures host_cpu_features() {
-  std::ifstream in("/proc/cpuinfo");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return cpu_features_from_cpuinfo(ss.str());
+  // Read once per process (before main, by the kernel choice): the CPU does not change.
+  static const CpuFeatures host = [] {
+    std::ifstream in("/proc/cpuinfo");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return cpu_features_from_cpuinfo(ss.str());
+  }();
+  return host;
 }
 
 std::string describe_cpu(const CpuFeatures& f) {

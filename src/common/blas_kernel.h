@@ -25,7 +25,7 @@ struct CpuFeatures {
 /// Parses /proc/cpuinfo text (the first processor block).
 CpuFeatures cpu_features_from_cpuinfo(const std::string& text);
 
-/// This machine's features (/proc/cpuinfo; all false where it cannot be read).
+/// This machine's features (/proc/cpuinfo, read once; all false where it cannot be read).
 CpuFeatures host_cpu_features();
 
 /// "family 6 model 207, AVX-512, AVX512-BF16, AMX-BF16": what the decision and benchmarks print.

@@ -286,8 +286,7 @@ void Trainer::setup(const std::shared_ptr<torch::nn::Module>& model, const Batch
     const std::string why = cpu_bf16_fallback_reason(host_cpu_features(), std::getenv("POLYTRAIN_CPU_BF16"));
     if (!why.empty()) {
       autocast_.reset();
-      if (ctx.writes_logs) std::printf("bf16: training in fp32 instead: %s\n", why.c_str());
-      std::fflush(stdout);
+      if (ctx.writes_logs) std::printf("bf16: training in fp32 instead: %s\n", why.c_str()), std::fflush(stdout);
     }
   }
   if (ctx.device.is_cuda()) at::globalContext().setFloat32MatmulPrecision(opts.tf32 ? "high" : "highest");

@@ -8,11 +8,18 @@
 
 namespace polytrain::testing {
 
-inline int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+/// 127.0.0.1:port (0: any port).
+inline sockaddr_in loopback(int port = 0) {
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  return a;
+}
+
+inline int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a = loopback();
   ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
   socklen_t len = sizeof a;
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
@@ -26,9 +33,7 @@ class RefusingPort {
  public:
   int port = -1;
   RefusingPort() : fd_(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) {
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    sockaddr_in a = loopback();
     socklen_t len = sizeof a;
     if (fd_ >= 0 && ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
         ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) == 0)
@@ -42,10 +47,7 @@ class RefusingPort {
   /// Whether a connection to it opens (it must not).
   bool connects() const {
     const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(static_cast<uint16_t>(port));
+    sockaddr_in a = loopback(port);
     const bool open = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
     ::close(fd);
     return open;
