@@ -159,8 +159,15 @@ class Backend {
   virtual void load_shards(ShardReader& reader) = 0;
 };
 
-/// The one factory mapping env_type to a backend. InputError for an env_type that is not
-/// built yet or unknown.
+class Communicator;
+
+/// The one factory: resolves ParallelDims (parallel_dims.h) from the config and the world, then
+/// builds the job in order: the model transforms (the TP plan), then one data-parallel strategy
+/// over the dp group (replicate, ZeRO-1/2, swarm). InputError for an env_type that is not built
+/// yet or unknown, or dims that do not fit together.
 std::unique_ptr<Backend> make_backend(const Config& cfg);
+/// The same over `world` (tests, or a program that made its own communicator); a swarm
+/// (hivemind) has no fixed world and ignores it.
+std::unique_ptr<Backend> make_backend(const Config& cfg, std::unique_ptr<Communicator> world);
 
 }  // namespace polytrain

@@ -1,8 +1,12 @@
-// The only place that knows every backend: env_type -> Backend.
+// The only place that knows every backend: ParallelDims -> the strategy over its grid.
 #include "polytrain/common/error.h"
 #include "polytrain/parallel/backend.h"
 #include "polytrain/parallel/comm/comm_config.h"
+#include "polytrain/parallel/comm/communicator.h"
+#include "polytrain/parallel/comm/rank_ops.h"
 #include "polytrain/parallel/ddp/ddp_backend.h"
+#include "polytrain/parallel/parallel_dims.h"
+#include "polytrain/parallel/replicated_backend.h"
 #include "polytrain/parallel/single/single_backend.h"
 #include "polytrain/parallel/tensor_parallel/tp_backend.h"
 #include "polytrain/parallel/zero/zero_backend.h"
@@ -12,21 +16,34 @@
 
 namespace polytrain {
 
-std::unique_ptr<Backend> make_backend(const Config& cfg) {
+std::unique_ptr<Backend> make_backend(const Config& cfg) { return make_backend(cfg, nullptr); }
+
+std::unique_ptr<Backend> make_backend(const Config& cfg, std::unique_ptr<Communicator> world) {
   const auto& type = cfg.trainer.env_type;
-  if (type == "pytorch") return std::make_unique<SingleBackend>(cfg);
-  if (type == "pytorchDDP") return std::make_unique<DdpBackend>(cfg);
-  if (type == "deepspeed") return std::make_unique<ZeroBackend>(cfg);
-  if (type == "deepspeed+mpu") return std::make_unique<TensorParallelBackend>(cfg);
+  if (type == "hivemind") {
 #if POLYTRAIN_WITH_HIVEMIND
-  if (type == "hivemind") return std::make_unique<HivemindBackend>(cfg);
+    return std::make_unique<HivemindBackend>(cfg);
 #else
-  if (type == "hivemind")
     throw InputError("trainer.env_type: 'hivemind' needs a build with POLYTRAIN_WITH_HIVEMIND (Debian's "
                      "libopendht-dev, libsodium-dev, libasio-dev, libmsgpack-cxx-dev; scripts/setup.sh installs them)");
 #endif
-  throw InputError("trainer.env_type: unknown value '" + type +
-                   "' (expected pytorch, pytorchDDP, deepspeed, deepspeed+mpu or hivemind)");
+  }
+  if (type == "pytorch") {
+    resolve_parallel_dims(cfg, world ? world->size() : 1);
+    return std::make_unique<SingleBackend>(cfg);
+  }
+  if (!world) world = world_communicator(cfg.trainer, parse_device(cfg.trainer.pytorch_device));
+  const ParallelDims dims = resolve_parallel_dims(cfg, world->size());
+  switch (dims.strategy) {
+    case DpStrategy::kReplicate:  // DDP's bucketed all-reduce, after the TP transform when tp > 1
+      if (dims.tp_enabled()) return std::make_unique<TensorParallelBackend>(cfg, std::move(world));
+      return std::make_unique<DdpBackend>(cfg, std::move(world));
+    case DpStrategy::kZero:  // ZeRO-1/2 over the dp group, after the TP transform when tp > 1
+      return std::make_unique<ZeroBackend>(cfg, std::move(world));
+    default:
+      break;
+  }
+  throw InternalError("make_backend: no strategy for " + dims.describe());
 }
 
 }  // namespace polytrain

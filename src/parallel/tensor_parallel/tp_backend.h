@@ -1,7 +1,8 @@
-// env_type "deepspeed+mpu": Megatron-LM tensor parallelism on a TP x DP grid (FlagAI's switch,
-// trainer.model_parallel_size). Each tensor-parallel group splits the model by the model's
-// plan (models/tp_layers.h); each data-parallel group (the ranks holding the same part) runs
-// pytorchDDP's bucketed gradient averaging. TP peers read the same samples. The gradient norm
+// env_type "deepspeed+mpu" at zero_optimization.stage 0: Megatron-LM tensor parallelism on a
+// TP x DP grid (FlagAI's switch, trainer.model_parallel_size). The TP transform
+// (tp_transform.h) splits the model by its plan; each data-parallel group (the ranks holding the
+// same part) runs pytorchDDP's bucketed gradient averaging. From stage 1 the factory composes
+// the same transform with ZeRO instead (zero_backend.h). TP peers read the same samples. The gradient norm
 // counts a split parameter's parts on every TP rank and a replicated one once; checkpoints hold
 // the consolidated model (any TP size loads it) plus one optimizer shard per TP rank.
 #pragma once
@@ -10,15 +11,12 @@
 #include <optional>
 #include <string>
 
-#include <ATen/core/Generator.h>
-
 #include "polytrain/parallel/ddp/ddp_backend.h"
 #include "polytrain/parallel/process_grid.h"
 
 namespace polytrain {
 
-class TpSharding;
-class TensorParallelRegion;
+class TensorParallelTransform;
 
 namespace detail {
 // The world and its split, built before DdpBackend (which gets the data-parallel group).
@@ -47,13 +45,9 @@ class TensorParallelBackend : private detail::TpGroups, public DdpBackend {
   void release_model(torch::nn::Module& model) override;
 
   Communicator& tp_group() { return *tp_; }
-  const TpSharding& sharding() const { return *sharding_; }
 
  private:
-  std::unique_ptr<TpSharding> sharding_;
-  std::shared_ptr<TensorParallelRegion> region_;
-  std::optional<at::Generator> generator_;  ///< dropout inside split regions: seed + 2718 + tp_rank
-  int64_t seed_ = 0;
+  std::unique_ptr<TensorParallelTransform> tp_transform_;
 };
 
 }  // namespace polytrain

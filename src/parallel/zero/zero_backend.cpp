@@ -20,7 +20,10 @@
 
 #include "polytrain/common/error.h"
 #include "polytrain/parallel/comm/rank_ops.h"
+#include "polytrain/parallel/parallel_dims.h"
+#include "polytrain/parallel/process_grid.h"
 #include "polytrain/parallel/replicated_backend.h"
+#include "polytrain/parallel/tensor_parallel/tp_transform.h"
 #include "polytrain/parallel/update.h"
 #include "polytrain/trainer/checkpoint.h"
 #include "polytrain/trainer/cpu_adam.h"
@@ -194,22 +197,21 @@ class PartitionAdam final : public Optimizer {
 
 }  // namespace
 
-ZeroBackend::ZeroBackend(const Config& cfg, std::unique_ptr<Communicator> comm)
-    : comm_(std::move(comm)), alive_(std::make_shared<ZeroBackend*>(this)) {
+ZeroBackend::ZeroBackend(const Config& cfg, std::unique_ptr<Communicator> world)
+    : comm_(std::move(world)), alive_(std::make_shared<ZeroBackend*>(this)) {
   const auto& t = cfg.trainer;
   const auto& z = cfg.zero_optimization;
   ctx_.device = parse_device(t.pytorch_device);
-  stage_ = z.stage;
-  PT_INPUT_CHECK(stage_ != 3, "zero_optimization.stage 3 (parameter partitioning) is not available in this build "
-                              "yet; use stage 0, 1 or 2");
-  const auto& off = z.offload_optimizer;
-  PT_INPUT_CHECK(off.device != "nvme", "zero_optimization.offload_optimizer.device 'nvme' is not available in this "
-                                       "build; use 'cpu' or 'none'");
-  offload_ = off.device == "cpu";
-  PT_INPUT_CHECK(!offload_ || stage_ >= 1, "zero_optimization.offload_optimizer needs stage 1 or 2, got stage ", stage_);
-  PT_INPUT_CHECK(z.offload_param.device == "none", "zero_optimization.offload_param needs stage 3, which is not "
-                                                   "available in this build yet");
-  pin_memory_ = off.pin_memory;
+  if (!comm_) comm_ = world_communicator(t, ctx_.device);
+  // Every compatibility check, as env_type deepspeed unless the grid is deepspeed+mpu's.
+  Config as_zero = cfg;
+  if (t.env_type != "deepspeed+mpu") as_zero.trainer.env_type = "deepspeed";
+  const ParallelDims dims = resolve_parallel_dims(as_zero, comm_->size());
+  PT_CHECK(dims.strategy == DpStrategy::kZero || dims.zero_stage == 0, "ZeroBackend built for ", dims.describe());
+  name_ = t.env_type == "deepspeed+mpu" ? t.env_type : "deepspeed";
+  stage_ = dims.zero_stage;
+  offload_ = dims.offload_optimizer;
+  pin_memory_ = z.offload_optimizer.pin_memory;
   overlap_ = z.overlap_comm;
   reduce_bucket_ = z.reduce_bucket_size;
   allgather_bucket_ = z.allgather_bucket_size;
@@ -217,8 +219,20 @@ ZeroBackend::ZeroBackend(const Config& cfg, std::unique_ptr<Communicator> comm)
   accumulation_ = cfg.batch.gradient_accumulation_steps;
   global_batch_ = cfg.batch.train_batch_size;
   clip_ = cfg.gradient_clipping;
-  if (!comm_) comm_ = world_communicator(t, ctx_.device);
   set_data_parallel_context(ctx_, *comm_);
+  if (dims.tp > 1) {
+    // The grid: the world split into TP groups (adjacent ranks) and DP groups; ZeRO runs over
+    // this rank's DP group, the TP transform over its TP group.
+    world_ = std::move(comm_);
+    ProcessGroups pg = make_process_groups(*world_, dims.tp);
+    tp_group_ = std::move(pg.tp_group);
+    comm_ = std::move(pg.dp_group);
+    ctx_.tp_rank = pg.coord.tp_rank;
+    ctx_.tp_size = pg.shape.tp;
+    ctx_.dp_rank = pg.coord.dp_rank;
+    ctx_.dp_size = pg.shape.dp;
+    tp_ = std::make_unique<TensorParallelTransform>(*tp_group_, t.seed, ctx_.device, name_);
+  }
   owners_ = stage_ == 0 ? 1 : ctx_.dp_size;
   owner_ = stage_ == 0 ? 0 : ctx_.dp_rank;
 }
@@ -246,8 +260,9 @@ void ZeroBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Config
                      cfg.optimizer.beta2 < 1,
                  "optimizer.params.betas must be in [0, 1), got [", cfg.optimizer.beta1, ", ", cfg.optimizer.beta2, "]");
   model_ = std::move(model);
+  if (tp_) tp_->apply(*model_);  // the model transform first: ZeRO partitions this rank's parts
   model_->to(ctx_.device);
-  broadcast_module_state(*comm_, *model_);  // every rank starts from rank 0's weights
+  broadcast_module_state(*comm_, *model_);  // every dp rank starts from dp rank 0's weights
 
   NamedParams named;
   for (const auto& item : model_->named_parameters(/*recurse=*/true)) named.emplace_back(item.key(), item.value());
@@ -325,6 +340,7 @@ void ZeroBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Config
     groups_.push_back(std::move(grp));
   }
   optimizer_ = std::make_unique<PartitionAdam>(cfg.optimizer, std::move(slots));
+  build_norm_views();
 
   // Buckets in reverse registration order (roughly the order backward produces gradients),
   // about reduce_bucket_size elements each. Within a group, reverse registration order walks
@@ -365,6 +381,22 @@ void ZeroBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Config
     }
   } else {
     flight_.resize(buckets_.size());
+  }
+}
+
+void ZeroBackend::build_norm_views() {
+  if (!tp_) return;
+  torch::NoGradGuard no_grad;
+  for (const auto& g : groups_) {
+    const ZeroLayout& l = layouts_[g->index];
+    const int64_t base = l.begin_of(owner_);
+    for (const auto& p : l.owned(owner_)) {
+      if (!tp_->counts_toward_norm(l.entries[p.entry].name)) continue;
+      // A holder whose gradient is the piece of the partition's gradient the optimizer reads.
+      at::Tensor holder = g->master.detach().narrow(0, p.flat_begin - base, p.length);
+      holder.mutable_grad() = g->master_grad.narrow(0, p.flat_begin - base, p.length);
+      norm_views_.push_back(holder);
+    }
   }
 }
 
@@ -489,8 +521,10 @@ StepResult ZeroBackend::step(const StepRequest& request, int64_t step) {
     if (!g->master_grad.is_same(g->grad)) g->master_grad.copy_(g->grad);  // to CPU memory / fp32
   }
   SquaredNormReducer reduce;
-  if (owners_ > 1) reduce = [this](double sq) { return sum_over_ranks(*comm_, ctx_.device, sq); };
-  const UpdateOutcome u = apply_update(masters_, *optimizer_, update_options(request, clip_), reduce);
+  if (tp_) reduce = [this](double sq) { return sum_over_ranks(world(), ctx_.device, sq); };  // parts over TP, partitions over DP
+  else if (owners_ > 1) reduce = [this](double sq) { return sum_over_ranks(*comm_, ctx_.device, sq); };
+  const UpdateOutcome u =
+      apply_update(masters_, *optimizer_, update_options(request, clip_), reduce, tp_ ? &norm_views_ : nullptr);
   if (u.applied) gather_params();
   for (auto& g : groups_) (stage_ <= 1 ? g->grad_full : g->grad).zero_();
   return step_result(u, step, global_batch_);
@@ -498,10 +532,20 @@ StepResult ZeroBackend::step(const StepRequest& request, int64_t step) {
 
 double ZeroBackend::reduce_metric(double local_value) { return mean_over_ranks(*comm_, ctx_.device, local_value); }
 
-std::string ZeroBackend::share(const std::string& value) { return share_from_rank0(*comm_, ctx_.device, value); }
+std::string ZeroBackend::share(const std::string& value) { return share_from_rank0(world(), ctx_.device, value); }
+
+NamedTensors ZeroBackend::full_state(torch::nn::Module& model) {
+  NamedTensors state = Backend::full_state(model);
+  if (tp_) tp_->gather(state);
+  return state;
+}
+
+void ZeroBackend::release_model(torch::nn::Module& model) {
+  if (tp_) tp_->release(model);
+}
 
 void ZeroBackend::load_full_state(torch::nn::Module& model, const NamedTensors& state, const std::string& origin) {
-  Backend::load_full_state(model, state, origin);
+  Backend::load_full_state(model, tp_ ? tp_->slice(state, origin) : state, origin);
   torch::NoGradGuard no_grad;
   for (auto& g : groups_)
     if (!g->master_is_view) g->master.copy_(g->flat_part);
@@ -568,12 +612,20 @@ void ZeroBackend::save_shard(torch::serialize::OutputArchive& archive) {
   archive.write("master", s.master);
   archive.write("exp_avg", s.exp_avg);
   archive.write("exp_avg_sq", s.exp_avg_sq);
+  if (tp_) tp_->save_rng(archive);
 }
 
 void ZeroBackend::load_shards(ShardReader& reader) {
-  PT_INPUT_CHECK(reader.env_type() == "deepspeed", reader.origin(), ": optimizer state saved by env_type '",
-                 reader.env_type(), "' cannot be loaded by env_type deepspeed (ZeRO keeps Adam state by parameter "
-                 "slice); resume with env_type '", reader.env_type(), "', or start from the model weights alone");
+  PT_INPUT_CHECK(reader.env_type() == "deepspeed" || reader.env_type() == "deepspeed+mpu", reader.origin(),
+                 ": optimizer state saved by env_type '", reader.env_type(), "' cannot be loaded by env_type ", name_,
+                 " (ZeRO keeps Adam state by parameter slice); resume with env_type '", reader.env_type(),
+                 "', or start from the model weights alone");
+  const int64_t saved_tp = reader.saved_grid().value("tp", int64_t{1});
+  PT_INPUT_CHECK(saved_tp == ctx_.tp_size, reader.origin(), ": saved at model_parallel_size ", saved_tp,
+                 ", this run has ", ctx_.tp_size, "; resume with --model_parallel_size ", saved_tp,
+                 " (any data-parallel size)");
+  if (tp_ && reader.has_shard(ctx_.tp_rank))  // the split regions' dropout stream of this TP rank
+    reader.read_shard(ctx_.tp_rank, [&](torch::serialize::InputArchive& a, const std::string&) { tp_->load_rng(a); });
   std::map<std::string, std::pair<size_t, size_t>> by_name;  // group, entry
   for (size_t g = 0; g < layouts_.size(); ++g)
     for (size_t e = 0; e < layouts_[g].entries.size(); ++e) by_name[layouts_[g].entries[e].name] = {g, e};

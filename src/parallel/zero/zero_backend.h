@@ -34,6 +34,8 @@
 namespace polytrain {
 
 class Optimizer;
+class TensorParallelTransform;
+struct ParallelDims;
 
 /// Bytes this rank holds for the training state, by the backend's own accounting.
 struct ZeroMemory {
@@ -47,10 +49,12 @@ struct ZeroMemory {
 
 class ZeroBackend : public Backend {
  public:
-  /// Uses `comm` when given (tests), else the communicator of the launcher's environment.
-  explicit ZeroBackend(const Config& cfg, std::unique_ptr<Communicator> comm = nullptr);
+  /// Uses `world` when given (tests), else the communicator of the launcher's environment.
+  /// With trainer.model_parallel_size > 1 (env_type deepspeed+mpu) the world is split into a
+  /// TP x DP grid: the TP transform splits the model, ZeRO partitions over the dp group.
+  explicit ZeroBackend(const Config& cfg, std::unique_ptr<Communicator> world = nullptr);
   ~ZeroBackend() override;
-  std::string name() const override { return "deepspeed"; }
+  std::string name() const override { return name_; }
   const RankContext& context() const override { return ctx_; }
   void prepare(std::shared_ptr<torch::nn::Module> model, const Config& cfg) override;
   int64_t samples_per_step() const override { return micro_ * accumulation_; }
@@ -58,10 +62,12 @@ class ZeroBackend : public Backend {
   void backward(const at::Tensor& loss, const MicroStep& m) override;
   StepResult step(const StepRequest& request, int64_t step) override;
   double reduce_metric(double local_value) override;
-  void barrier() override { comm_->barrier(); }
+  void barrier() override { world().barrier(); }
   std::string share(const std::string& value) override;
+  NamedTensors full_state(torch::nn::Module& model) override;
   void load_full_state(torch::nn::Module& model, const NamedTensors& state, const std::string& origin) override;
-  bool writes_shard() const override { return stage_ > 0 || ctx_.rank == 0; }
+  void release_model(torch::nn::Module& model) override;
+  bool writes_shard() const override { return stage_ > 0 || ctx_.dp_rank == 0; }
   void save_shard(torch::serialize::OutputArchive& archive) override;
   void load_shards(ShardReader& reader) override;
 
@@ -90,8 +96,17 @@ class ZeroBackend : public Backend {
   void launch_remaining();
   void drain(size_t slot);
   void gather_params();
+  void build_norm_views();
+  Communicator& world() { return world_ ? *world_ : *comm_; }
 
-  std::unique_ptr<Communicator> comm_;
+  std::string name_ = "deepspeed";
+  std::unique_ptr<Communicator> world_;  ///< the whole grid (null at TP 1: comm_ is the world)
+  std::unique_ptr<Communicator> tp_group_;
+  std::unique_ptr<TensorParallelTransform> tp_;  ///< TP > 1: the model transform applied first
+  std::unique_ptr<Communicator> comm_;  ///< the data-parallel group ZeRO partitions over
+  /// TP > 1: views of the owned partition whose gradients count toward the global norm (a
+  /// replicated parameter on TP rank 0 only); the squared norm is summed over the whole grid.
+  std::vector<at::Tensor> norm_views_;
   RankContext ctx_;
   int stage_ = 0;
   int64_t owners_ = 1;  ///< partitions: the data-parallel size (stage 1, 2) or 1 (stage 0)

@@ -17,8 +17,8 @@ namespace polytrain {
 using detail::cat;
 
 int64_t for_each_zero_piece(const ShardReader& reader, const std::function<void(const ZeroPiece&)>& visit) {
-  PT_INPUT_CHECK(reader.env_type() == "deepspeed", reader.origin(), ": optimizer state saved by env_type '",
-                 reader.env_type(), "', not deepspeed: it is not ZeRO-sharded");
+  PT_INPUT_CHECK(reader.env_type() == "deepspeed" || reader.env_type() == "deepspeed+mpu", reader.origin(),
+                 ": optimizer state saved by env_type '", reader.env_type(), "', not deepspeed: it is not ZeRO-sharded");
   std::optional<int64_t> step;
   for (int64_t s = 0; s < reader.saved_world_size(); ++s) {
     if (!reader.has_shard(s)) continue;

@@ -1,0 +1,71 @@
+// resolve_parallel_dims: the one place where the degrees and ZeRO options are checked against
+// each other and the world.
+#include "polytrain/parallel/parallel_dims.h"
+
+#include "polytrain/common/config.h"
+#include "polytrain/common/error.h"
+
+namespace polytrain {
+
+using detail::cat;
+
+std::string ParallelDims::describe() const {
+  std::string s = cat("tp ", tp, " x dp ", dp);
+  if (pp > 1) s = cat("pp ", pp, " x ", s);
+  if (strategy == DpStrategy::kZero) {
+    s += cat(", ZeRO-", zero_stage);
+    if (offload_optimizer) s += " + offload_optimizer";
+  } else if (strategy == DpStrategy::kSwarm) {
+    s = "swarm";
+  } else if (strategy == DpStrategy::kReplicate) {
+    s += ", replicated optimizer";
+  }
+  return s;
+}
+
+ParallelDims resolve_parallel_dims(const Config& cfg, int64_t world) {
+  const auto& t = cfg.trainer;
+  const auto& z = cfg.zero_optimization;
+  ParallelDims d;
+  d.preset = t.env_type;
+  d.world = world;
+  PT_INPUT_CHECK(world >= 1, "world size must be >= 1, got ", world);
+  PT_INPUT_CHECK(t.model_parallel_size >= 1, "trainer.model_parallel_size must be >= 1, got ", t.model_parallel_size);
+  PT_INPUT_CHECK(t.model_parallel_size == 1 || t.env_type == "deepspeed+mpu", "trainer.model_parallel_size is ",
+                 t.model_parallel_size, ": tensor parallelism needs env_type 'deepspeed+mpu', not '", t.env_type, "'");
+  PT_INPUT_CHECK(world % t.model_parallel_size == 0, "trainer.model_parallel_size (", t.model_parallel_size,
+                 ") does not divide the world size (", world, "): world = model_parallel_size x data-parallel size");
+  const bool zero_preset = t.env_type == "deepspeed" || t.env_type == "deepspeed+mpu";
+  if (t.env_type == "pytorch") {
+    PT_INPUT_CHECK(world == 1, "env_type pytorch runs one process, but the world has ", world,
+                   " (use pytorchDDP or deepspeed for data parallelism)");
+    d.strategy = DpStrategy::kNone;
+  } else if (t.env_type == "pytorchDDP") {
+    d.strategy = DpStrategy::kReplicate;
+  } else if (t.env_type == "hivemind") {
+    d.strategy = DpStrategy::kSwarm;
+  } else if (zero_preset) {
+    d.tp = t.model_parallel_size;
+    d.zero_stage = z.stage;
+    PT_INPUT_CHECK(z.stage >= 0 && z.stage <= 2, "zero_optimization.stage ", z.stage,
+                   z.stage == 3 ? " (parameter partitioning) is not available in this build yet; use stage 0, 1 or 2"
+                                : " is not a ZeRO stage (0, 1, 2)");
+    PT_INPUT_CHECK(z.offload_optimizer.device != "nvme", "zero_optimization.offload_optimizer.device 'nvme' is not "
+                                                         "available in this build; use 'cpu' or 'none'");
+    d.offload_optimizer = z.offload_optimizer.device == "cpu";
+    PT_INPUT_CHECK(!d.offload_optimizer || z.stage >= 1, "zero_optimization.offload_optimizer needs stage 1 or 2, got stage ",
+                   z.stage);
+    PT_INPUT_CHECK(z.offload_param.device == "none", "zero_optimization.offload_param needs stage 3, which is not "
+                                                     "available in this build yet");
+    // deepspeed+mpu at stage 0 is Megatron's own data parallelism (bucketed all-reduce of each
+    // rank's parts); from stage 1 the optimizer state is partitioned over the dp group.
+    d.strategy = t.env_type == "deepspeed+mpu" && z.stage == 0 ? DpStrategy::kReplicate : DpStrategy::kZero;
+  } else {
+    throw InputError("trainer.env_type: unknown value '" + t.env_type +
+                     "' (expected pytorch, pytorchDDP, deepspeed, deepspeed+mpu or hivemind)");
+  }
+  d.dp = world / (d.tp * d.pp);
+  return d;
+}
+
+}  // namespace polytrain
