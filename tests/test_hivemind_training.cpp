@@ -26,6 +26,8 @@
 #include "helpers/program.h"
 #include "helpers/require.h"
 #include "helpers/temp_dir.h"
+#include "polytrain/parallel/universal_state.h"
+#include "polytrain/trainer/checkpoint.h"
 #include "polytrain/models/safetensors.h"
 #include "polytrain/trainer/archive_codec.h"
 
@@ -557,19 +559,16 @@ TEST_F(Swarm, FiftyStopsAndKillsAtRandomMomentsNeitherHangNorBreakTheSwarm) {
 
 namespace {
 
-// Every parameter's `name` statistic in a checkpoint's optimizer state (shard_0.pt), in order.
+// Every parameter's `name` statistic in a checkpoint's optimizer state (shard_0.pt, the universal
+// layout), in the optimizer's order.
 std::vector<at::Tensor> statistics(const fs::path& shard, const std::string& name) {
-  std::ifstream in(shard, std::ios::binary);
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  torch::serialize::InputArchive archive;
-  polytrain::decode_archive(bytes, shard.string(), archive);
+  const fs::path tag = shard.parent_path();
+  const polytrain::CheckpointReader ck(tag.parent_path().string(), tag.filename().string());
+  const polytrain::UniversalState state = polytrain::read_universal_state(polytrain::ShardReader(ck));
   std::vector<at::Tensor> out;
-  for (int i = 0;; ++i) {
-    torch::serialize::InputArchive one;
-    if (!archive.try_read("s" + std::to_string(i), one)) break;
-    at::Tensor t;
-    one.read(name, t);
-    out.push_back(t);
+  for (const auto& [param, ps] : state.params) {
+    auto it = ps.stats.find(name);
+    if (it != ps.stats.end()) out.push_back(it->second);
   }
   return out;
 }

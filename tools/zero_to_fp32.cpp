@@ -1,7 +1,8 @@
-// `zero_to_fp32 CHECKPOINT_DIR OUT.safetensors [--tag TAG]`: the fp32 model of a checkpoint
-// saved by env_type deepspeed, without the run (DeepSpeed's zero_to_fp32.py): the trainable
-// parameters from the ZeRO shards' fp32 master weights (any number of ranks), everything else
-// (frozen parameters, buffers) from the checkpoint's consolidated model, written as
+// `zero_to_fp32 CHECKPOINT_DIR OUT.safetensors [--tag TAG]`: the fp32 model of any checkpoint
+// (every env_type, grid and ZeRO stage), without the run (DeepSpeed's zero_to_fp32.py): the
+// trainable parameters from the shards' fp32 master weights where the optimizer kept them
+// (ZeRO, any number of ranks and TP parts), everything else (frozen parameters, buffers, the
+// weights of a whole-parameter optimizer) from the checkpoint's consolidated model, written as
 // safetensors under the model's parameter names. Every element of every parameter must come
 // from exactly one shard, and the parameters must match the saved model's names and shapes.
 #include <CLI/CLI.hpp>
@@ -25,7 +26,7 @@ namespace {
 using namespace polytrain;
 
 int zero_to_fp32_main(int argc, char** argv) {
-  CLI::App app{"Consolidate a ZeRO (env_type deepspeed) checkpoint into one fp32 safetensors file"};
+  CLI::App app{"Consolidate a checkpoint (any env_type, grid, ZeRO stage) into one fp32 safetensors file"};
   std::string dir, out, tag;
   app.add_option("checkpoint_dir", dir, "the save_dir holding <tag>/ and latest")->required();
   app.add_option("output", out, "the .safetensors file to write")->required();
@@ -51,7 +52,7 @@ int zero_to_fp32_main(int argc, char** argv) {
     PT_INPUT_CHECK(model[it->second].second.sizes() == c10::IntArrayRef(p.shape), ck.dir(), ": parameter '", name,
                    "' has shape ", c10::IntArrayRef(p.shape), " in the shards and ", model[it->second].second.sizes(),
                    " in the model");
-    model[it->second].second = p.master;
+    if (p.master.defined()) model[it->second].second = p.master;
   }
   int64_t total = 0;
   for (auto& [name, t] : model) {

@@ -20,6 +20,7 @@
 #include "polytrain/common/config_keys.h"
 #include "polytrain/common/dist_env.h"
 #include "polytrain/common/error.h"
+#include "polytrain/trainer/optimizer_registry.h"
 
 namespace polytrain {
 
@@ -29,7 +30,18 @@ using detail::cat;
 
 namespace {
 
-const std::vector<std::string> kOptimizers = {"Adam", "AdamW", "CPUAdam", "Lamb", "SGD", "Adagrad"};
+// The optimizers a config can name: the registry's (optim's optimizer_registry.h).
+std::vector<std::string> known_optimizers() {
+  std::vector<std::string> out;
+  for (const auto& e : optimizer_registry()) out.push_back(e.name);
+  return out;
+}
+
+std::string join(const std::vector<std::string>& items, const char* sep) {
+  std::string out;
+  for (const auto& i : items) out += (out.empty() ? "" : sep) + i;
+  return out;
+}
 const std::vector<std::string> kDeepSpeedOnlyOptimizers = {"OneBitAdam", "ZeroOneAdam", "OneBitLamb",
                                                            "MuAdam", "MuAdamW", "MuSGD", "Lion"};
 const std::vector<std::string> kSchedulers = {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR",
@@ -53,13 +65,14 @@ void parse_optimizer(const json* j, ParseContext& ctx, OptimizerConfig& o) {
   const json* params = r.take("params");
   r.finish();
   o.type.clear();
-  for (const auto& name : kOptimizers)
+  const std::vector<std::string> known = known_optimizers();
+  for (const auto& name : known)
     if (lower(name) == lower(type)) o.type = name;
   for (const auto& name : kDeepSpeedOnlyOptimizers)
     if (lower(name) == lower(type))
-      r.fail("type", "'" + type + "' is a DeepSpeed optimizer polytrain does not implement; use one of "
-                         "Adam, AdamW, CPUAdam, Lamb, SGD, Adagrad");
-  if (o.type.empty()) r.one_of("type", type, kOptimizers);
+      r.fail("type", "'" + type + "' is a DeepSpeed optimizer polytrain does not implement; use one of " +
+                         join(known, ", "));
+  if (o.type.empty()) r.one_of("type", type, known);
   if (o.type == "Adagrad") o.eps = 1e-10;  // torch.optim.Adagrad's default
 
   ObjectReader p(params, "optimizer.params", ctx);
@@ -394,15 +407,8 @@ bool host_port_ok(const std::string& s) {
 }  // namespace
 
 std::vector<std::string> optimizer_statistics(const OptimizerConfig& cfg) {
-  const std::string type = lower(cfg.type);
-  if (type == "adam" || type == "adamw" || type == "lamb" || type == "cpuadam") {
-    std::vector<std::string> s = {"exp_avg", "exp_avg_sq"};
-    if (cfg.amsgrad && type != "lamb" && type != "cpuadam") s.push_back("max_exp_avg_sq");
-    return s;
-  }
-  if (type == "sgd") return cfg.momentum > 0 ? std::vector<std::string>{"momentum_buffer"} : std::vector<std::string>{};
-  if (type == "adagrad") return {"sum"};
-  return {};
+  const OptimizerEntry* e = find_optimizer(cfg.type);
+  return e ? e->statistics(cfg) : std::vector<std::string>{};
 }
 
 namespace {
@@ -547,8 +553,8 @@ Config config_from_json(const json& doc, const std::string& origin, int64_t worl
   parse_optimizer(optimizer, ctx, cfg.optimizer);
   parse_scheduler(scheduler, ctx, cfg.scheduler);
   if (cfg.scheduler.type == "OneCycle" && cfg.scheduler.cycle_momentum) {
-    const std::string t = lower(cfg.optimizer.type);
-    if (t != "adam" && t != "adamw" && t != "cpuadam" && t != "lamb")
+    const OptimizerEntry* e = find_optimizer(cfg.optimizer.type);
+    if (e && !e->has_beta1)
       ctx.fail(cat("scheduler.params.cycle_momentum: OneCycle cycles momentum (beta1), but optimizer '",
                    cfg.optimizer.type, "' has no beta1; set cycle_momentum to false or use Adam, AdamW or Lamb"));
   }

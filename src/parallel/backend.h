@@ -98,6 +98,14 @@ class Backend {
   /// Which samples this rank reads (default: slice dp_rank of dp_size of each global batch).
   virtual DataShard data_shard() const;
 
+  /// Samples of one optimizer step over the whole job: train_batch_size, or a swarm's
+  /// target_batch_size.
+  virtual int64_t global_batch() const = 0;
+
+  /// Why this backend cannot run the `amp` block's master-weight plans (O2 / O3), or "" when it
+  /// can (the loop asks instead of comparing env_type names).
+  virtual std::string amp_refusal() const { return ""; }
+
   /// The samples this rank's micro-batches of one step add up to: the loop divides each
   /// micro-batch's mean loss by samples_per_step() / samples, so a step is the mean over its
   /// samples whatever its micro-batches. A backend whose step ends up with another count

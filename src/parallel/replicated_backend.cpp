@@ -2,12 +2,18 @@
 // shared update, optimizer state saved once.
 #include "polytrain/parallel/replicated_backend.h"
 
+#include <algorithm>
+#include <set>
+
 #include <torch/cuda.h>
 #include <torch/nn/module.h>
 #include <torch/serialize/archive.h>
 
 #include "polytrain/common/error.h"
 #include "polytrain/parallel/amp.h"
+#include "polytrain/parallel/tensor_parallel/tp_plan.h"
+#include "polytrain/parallel/tensor_parallel/tp_transform.h"
+#include "polytrain/parallel/universal_state.h"
 #include "polytrain/trainer/checkpoint.h"
 #include "polytrain/trainer/optimizers.h"
 
@@ -151,14 +157,46 @@ void ReplicatedBackend::load_full_state(torch::nn::Module& model, const NamedTen
   load_masters(state);
 }
 
-void ReplicatedBackend::save_shard(torch::serialize::OutputArchive& archive) { optimizer_->save(archive); }
+std::map<std::string, PieceLayout> ReplicatedBackend::piece_layout() const {
+  std::map<std::string, PieceLayout> out;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    PieceLayout l;
+    l.local_shape = params_[i].sizes().vec();
+    l.whole_shape = l.local_shape;
+    if (const TpShardSpec* spec = tp_split_ ? tp_split_->spec(names_[i]) : nullptr) {
+      l.whole_shape[spec->dim] = spec->whole;
+      l.split = state_split(*spec, ctx_.tp_rank, ctx_.tp_size);
+    }
+    out[names_[i]] = l;
+  }
+  return out;
+}
+
+void ReplicatedBackend::save_shard(torch::serialize::OutputArchive& archive) {
+  std::vector<StatePiece> pieces = optimizer_pieces(*optimizer_, piece_layout());
+  // Under tensor parallelism a replicated parameter's state is the same on every TP rank: TP
+  // rank 0 saves it, the others only their parts of split parameters.
+  if (ctx_.tp_rank != 0)
+    pieces.erase(std::remove_if(pieces.begin(), pieces.end(), [](const StatePiece& p) { return p.split.parts == 1; }),
+                 pieces.end());
+  write_state_pieces(archive, pieces);
+}
 
 void ReplicatedBackend::load_shards(ShardReader& reader) {
-  // Every rank held the same state; rank 0 saved it, and it loads at any world size.
-  PT_INPUT_CHECK(reader.env_type() != "deepspeed", reader.origin(),
-                 ": optimizer state saved by env_type 'deepspeed' (ZeRO, by parameter slice) cannot be loaded by env_type '",
-                 name(), "'; resume with env_type deepspeed (any data-parallel size), or export the model with "
-                 "zero_to_fp32 and start from it");
+  if (has_universal_state(reader)) {
+    // Any grid's checkpoint: each parameter's state whole, then this rank's TP part of it.
+    const UniversalState state = read_universal_state(reader);
+    std::map<std::string, const TpShardSpec*> specs;
+    std::set<std::string> mine(names_.begin(), names_.end());
+    for (const auto& n : names_) specs[n] = tp_split_ ? tp_split_->spec(n) : nullptr;
+    for (const auto& [name, ps] : state.params)
+      PT_INPUT_CHECK(mine.count(name), reader.origin(), ": optimizer state for parameter '", name,
+                     "', which this model does not train");
+    load_optimizer_state(*optimizer_, state, specs, ctx_.tp_rank, ctx_.tp_size, reader.origin());
+    return;
+  }
+  // The optimizer's own archive (a swarm peer's state): every rank held the same state, rank 0
+  // saved it, and it loads at any world size.
   PT_INPUT_CHECK(reader.has_shard(0), "checkpoint has no optimizer state (", ShardReader::file_name(0), ")");
   reader.read_shard(0, [&](torch::serialize::InputArchive& a, const std::string& origin) { optimizer_->load(a, origin); });
 }

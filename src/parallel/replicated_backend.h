@@ -1,9 +1,10 @@
 // What pytorch and pytorchDDP share: every rank holds every parameter and the same optimizer
 // state. The batch is a fixed number of equal micro-batches (DeepSpeed's
-// gradient_accumulation_steps); the optimizer state is saved once, from rank 0, and loads at
-// any world size. Subclasses add communication (or none).
+// gradient_accumulation_steps); the optimizer state is saved once, from rank 0, in the
+// universal layout (universal_state.h), and loads from any checkpoint of any grid. Subclasses add communication (or none).
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -16,12 +17,15 @@
 namespace polytrain {
 
 class Optimizer;
+class TensorParallelTransform;
+struct PieceLayout;
 
 class ReplicatedBackend : public Backend {
  public:
   ~ReplicatedBackend() override;
   const RankContext& context() const override { return ctx_; }
   int64_t samples_per_step() const override { return micro_ * accumulation_; }
+  int64_t global_batch() const override { return global_batch_; }
   int64_t next_micro_batch(int64_t micro_steps_done, int64_t samples_done) const override;
   bool writes_shard() const override { return ctx_.rank == 0; }
   void save_shard(torch::serialize::OutputArchive& archive) override;
@@ -56,7 +60,13 @@ class ReplicatedBackend : public Backend {
   /// After the model loaded `state`: the masters take its values at full precision.
   void load_masters(const NamedTensors& state);
 
+  /// Where each trainable parameter sits in its logical parameter (its TP part), for the
+  /// universal checkpoint layout.
+  std::map<std::string, PieceLayout> piece_layout() const;
+
   RankContext ctx_;
+  /// Set by a backend whose model is split by tensor parallelism (not owned).
+  TensorParallelTransform* tp_split_ = nullptr;
   int64_t micro_ = 1;
   int64_t accumulation_ = 1;
   int64_t global_batch_ = 1;

@@ -20,6 +20,7 @@
 #include "polytrain/trainer/lamb.h"
 #include "polytrain/trainer/multi_tensor_adam.h"
 #include "polytrain/trainer/optim_state_key.h"
+#include "polytrain/trainer/optimizer_registry.h"
 
 namespace polytrain {
 namespace {
@@ -61,12 +62,9 @@ void check_common(const OptimizerConfig& cfg, bool has_betas) {
 }
 
 std::unique_ptr<torch::optim::Optimizer> build_torch(const OptimizerConfig& cfg, const std::vector<ParamGroup>& split) {
-  const std::string type = lower(cfg.type);
+  const std::string type = lower(optimizer_entry(cfg.type).name);  // InputError naming the known ones
   const bool adam_like = type == "adam" || type == "adamw";
   PT_INPUT_CHECK(type != "cpuadam", "optimizer.type CPUAdam is polytrain's own kernel, not a libtorch optimizer");
-  if (!adam_like && type != "lamb" && type != "sgd" && type != "adagrad")
-    throw InputError(detail::cat("optimizer.type: unknown optimizer '", cfg.type,
-                                 "' (known: Adam, AdamW, CPUAdam, Lamb, SGD, Adagrad)"));
   check_common(cfg, adam_like || type == "lamb");
   const auto betas = std::make_tuple(cfg.beta1, cfg.beta2);
 
@@ -193,7 +191,7 @@ class TorchOptimizer final : public Optimizer {
   TorchOptimizer(const OptimizerConfig& cfg, std::unique_ptr<torch::optim::Optimizer> opt, std::vector<ParamGroup> groups,
                  std::optional<MultiTensorMode> multi = MultiTensorMode::kOff, bool decoupled = false)
       : name_(cfg.type), opt_(std::move(opt)), multi_(multi), decoupled_(decoupled) {
-    for (auto& n : optimizer_statistics(cfg)) statistic_names_.insert(n);
+    for (auto& n : optimizer_entry(cfg.type).statistics(cfg)) statistic_names_.insert(n);
     for (auto& g : groups)
       for (auto& [n, t] : g.params) params_.emplace_back(n, t);
   }
@@ -293,28 +291,39 @@ class TorchOptimizer final : public Optimizer {
 }  // namespace
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, std::vector<ParamGroup> groups) {
-  const std::string type = lower(cfg.type);
-  if (type == "cpuadam") return make_cpu_adam(cfg, std::move(groups));
+  return optimizer_entry(cfg.type).make(cfg, std::move(groups));
+}
+
+std::unique_ptr<Optimizer> make_adam_optimizer(const OptimizerConfig& cfg, std::vector<ParamGroup> groups) {
   auto opt = build_torch(cfg, groups);
-  if (type == "adam" || type == "adamw") {
-    PT_INPUT_CHECK(!(cfg.fused.value_or(false) && cfg.foreach.value_or(false)),
-                   "optimizer.params: fused and foreach cannot both be true (as in torch.optim)");
-    PT_INPUT_CHECK(!cfg.fused.value_or(false) || fused_adam_available(),
-                   "optimizer.params.fused needs LibTorch >= 2.0 (this build has ", TORCH_VERSION_MAJOR, ".",
-                   TORCH_VERSION_MINOR, "); set foreach instead");
-    PT_INPUT_CHECK(!cfg.amsgrad || !(cfg.fused.value_or(false) || cfg.foreach.value_or(false)),
-                   "optimizer.params.amsgrad runs in libtorch's per-parameter loop only; drop fused/foreach");
-    std::optional<MultiTensorMode> multi;  // unset: by device at the first step
-    if (cfg.fused.value_or(false)) multi = MultiTensorMode::kFused;
-    else if (cfg.foreach.value_or(false)) multi = MultiTensorMode::kForeach;
-    else if (cfg.fused || cfg.foreach || cfg.amsgrad) multi = MultiTensorMode::kOff;  // asked off, or amsgrad
-    if (type == "adam" && !cfg.adam_w_mode)
-      return std::make_unique<TorchOptimizer<torch::optim::AdamParamState>>(cfg, std::move(opt), std::move(groups), multi, false);
-    return std::make_unique<TorchOptimizer<torch::optim::AdamWParamState>>(cfg, std::move(opt), std::move(groups), multi, true);
-  }
-  if (type == "lamb") return std::make_unique<TorchOptimizer<LambParamState>>(cfg, std::move(opt), std::move(groups));
-  if (type == "sgd")
-    return std::make_unique<TorchOptimizer<torch::optim::SGDParamState>>(cfg, std::move(opt), std::move(groups));
+  PT_INPUT_CHECK(!(cfg.fused.value_or(false) && cfg.foreach.value_or(false)),
+                 "optimizer.params: fused and foreach cannot both be true (as in torch.optim)");
+  PT_INPUT_CHECK(!cfg.fused.value_or(false) || fused_adam_available(),
+                 "optimizer.params.fused needs LibTorch >= 2.0 (this build has ", TORCH_VERSION_MAJOR, ".",
+                 TORCH_VERSION_MINOR, "); set foreach instead");
+  PT_INPUT_CHECK(!cfg.amsgrad || !(cfg.fused.value_or(false) || cfg.foreach.value_or(false)),
+                 "optimizer.params.amsgrad runs in libtorch's per-parameter loop only; drop fused/foreach");
+  std::optional<MultiTensorMode> multi;  // unset: by device at the first step
+  if (cfg.fused.value_or(false)) multi = MultiTensorMode::kFused;
+  else if (cfg.foreach.value_or(false)) multi = MultiTensorMode::kForeach;
+  else if (cfg.fused || cfg.foreach || cfg.amsgrad) multi = MultiTensorMode::kOff;  // asked off, or amsgrad
+  if (lower(cfg.type) == "adam" && !cfg.adam_w_mode)
+    return std::make_unique<TorchOptimizer<torch::optim::AdamParamState>>(cfg, std::move(opt), std::move(groups), multi, false);
+  return std::make_unique<TorchOptimizer<torch::optim::AdamWParamState>>(cfg, std::move(opt), std::move(groups), multi, true);
+}
+
+std::unique_ptr<Optimizer> make_lamb_optimizer(const OptimizerConfig& cfg, std::vector<ParamGroup> groups) {
+  auto opt = build_torch(cfg, groups);
+  return std::make_unique<TorchOptimizer<LambParamState>>(cfg, std::move(opt), std::move(groups));
+}
+
+std::unique_ptr<Optimizer> make_sgd_optimizer(const OptimizerConfig& cfg, std::vector<ParamGroup> groups) {
+  auto opt = build_torch(cfg, groups);
+  return std::make_unique<TorchOptimizer<torch::optim::SGDParamState>>(cfg, std::move(opt), std::move(groups));
+}
+
+std::unique_ptr<Optimizer> make_adagrad_optimizer(const OptimizerConfig& cfg, std::vector<ParamGroup> groups) {
+  auto opt = build_torch(cfg, groups);
   return std::make_unique<TorchOptimizer<torch::optim::AdagradParamState>>(cfg, std::move(opt), std::move(groups));
 }
 

@@ -61,7 +61,8 @@ class Optimizer {
   virtual torch::optim::Optimizer& torch_optimizer() = 0;
 };
 
-/// The Optimizer for cfg.type over `groups` (from split_by_decay, or a backend's partitions):
+/// The Optimizer for cfg.type over `groups` (from split_by_decay, or a backend's partitions),
+/// built by its registry entry's factory (optimizer_registry.h):
 ///   "AdamW", or "Adam" with adam_w_mode -> torch::optim::AdamW (decoupled decay)
 ///   "Adam" with adam_w_mode=false       -> torch::optim::Adam (L2 decay added to the gradient)
 ///   "SGD" -> torch::optim::SGD, "Adagrad" -> torch::optim::Adagrad, "Lamb" -> polytrain::Lamb
@@ -71,6 +72,12 @@ class Optimizer {
 /// (unknown type, negative lr, beta outside [0, 1), amsgrad outside Adam) are InputError
 /// naming the optimizer.params key.
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, std::vector<ParamGroup> groups);
+
+/// The registry's factories (optimizer_registry.h) of the libtorch-backed optimizers.
+std::unique_ptr<Optimizer> make_adam_optimizer(const OptimizerConfig& cfg, std::vector<ParamGroup> groups);
+std::unique_ptr<Optimizer> make_lamb_optimizer(const OptimizerConfig& cfg, std::vector<ParamGroup> groups);
+std::unique_ptr<Optimizer> make_sgd_optimizer(const OptimizerConfig& cfg, std::vector<ParamGroup> groups);
+std::unique_ptr<Optimizer> make_adagrad_optimizer(const OptimizerConfig& cfg, std::vector<ParamGroup> groups);
 
 /// make_optimizer over split_by_decay(cfg, named_params), as a bare libtorch optimizer
 /// (group 0 decayed, group 1 not; an empty group left out).

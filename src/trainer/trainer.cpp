@@ -265,9 +265,7 @@ void Trainer::setup(const std::shared_ptr<torch::nn::Module>& model, const Batch
   Backend& b = backend();
   const RankContext& ctx = b.context();
   const auto& opts = cfg_.trainer;
-  // A swarm's global batch is its target; a fixed world's is the batch triple's.
-  const int64_t global_batch =
-      opts.env_type == "hivemind" ? cfg_.hivemind.target_batch_size : cfg_.batch.train_batch_size;
+  const int64_t global_batch = b.global_batch();  // a swarm's is its target; a fixed world's the batch triple's
   const int64_t per_epoch = train_data.size() / global_batch;
   PT_INPUT_CHECK(per_epoch > 0, "the training split has ", train_data.size(), " samples, fewer than train_batch_size ",
                  global_batch);
@@ -294,11 +292,8 @@ void Trainer::setup(const std::shared_ptr<torch::nn::Module>& model, const Batch
   if (amp.enabled) {
     PT_INPUT_CHECK(amp.half != "float16" || ctx.device.is_cuda(),
                    "amp: float16 needs a CUDA device (trainer.pytorch_device cuda); on CPU set amp.dtype to \"bfloat16\"");
-    PT_INPUT_CHECK(opts.env_type != "deepspeed",
-                   "amp with env_type deepspeed: ZeRO keeps its own fp32 master weights; amp runs with env_type pytorch, "
-                   "pytorchDDP or deepspeed+mpu (at zero_optimization.stage 0, pytorchDDP is the same data parallelism), "
-                   "or use fp16 / bf16 with deepspeed");
-    PT_INPUT_CHECK(opts.env_type != "hivemind", "amp is not implemented for env_type hivemind; use fp16 or bf16");
+    const std::string refusal = b.amp_refusal();
+    PT_INPUT_CHECK(refusal.empty(), refusal);
     if (amp.loss_scale != 1.0) {  // Apex's scaler: 2^16 (at most max_loss_scale), window 2000, no hysteresis
       Fp16Config s;
       s.loss_scale = amp.loss_scale;
@@ -361,6 +356,15 @@ void Trainer::resume(torch::nn::Module& model, SampleStream& stream) {
     set_cpu_rng_state(rng);
     stream.set_cursor(cursor.item<int64_t>());
   });
+  // Another micro-batch / accumulation split of the same global batch resumes; another global
+  // batch would change what a step means (the data position, the LR schedule's steps).
+  if (meta.contains("config") && meta["config"].is_object() && meta["config"].contains("train_batch_size") &&
+      meta["config"]["train_batch_size"].is_number_integer() && !b.data_shard().own_stream) {
+    const int64_t saved_batch = meta["config"]["train_batch_size"].get<int64_t>();
+    PT_INPUT_CHECK(saved_batch == b.global_batch(), ck.path("complete.json"), ": saved with train_batch_size ",
+                   saved_batch, ", this run has ", b.global_batch(), "; a resume keeps the global batch (any micro-batch "
+                   "and gradient_accumulation_steps that multiply to it, at any world size)");
+  }
   PT_INPUT_CHECK(meta.contains("step"), ck.path("complete.json"), ": no 'step' (not saved by a training job)");
   step_ = meta["step"].get<int64_t>();  // the marker's schema is checked by CheckpointReader
   b.set_global_step(step_);

@@ -36,6 +36,7 @@ TensorParallelBackend::TensorParallelBackend(const Config& cfg, std::unique_ptr<
   PT_INPUT_CHECK(cfg.zero_optimization.stage == 0, "TensorParallelBackend runs deepspeed+mpu at zero_optimization.stage 0; "
                  "stage ", cfg.zero_optimization.stage, " is ZeroBackend over the grid (make_backend picks it)");
   tp_transform_ = std::make_unique<TensorParallelTransform>(*tp_, cfg.trainer.seed, ctx_.device, name());
+  tp_split_ = tp_transform_.get();
 }
 
 TensorParallelBackend::~TensorParallelBackend() = default;
@@ -69,27 +70,19 @@ void TensorParallelBackend::load_full_state(torch::nn::Module& model, const Name
 }
 
 void TensorParallelBackend::save_shard(torch::serialize::OutputArchive& archive) {
-  optimizer_->save(archive);
+  ReplicatedBackend::save_shard(archive);  // the universal layout: this TP rank's parts
   tp_transform_->save_rng(archive);
 }
 
 void TensorParallelBackend::load_shards(ShardReader& reader) {
-  const std::string saved_by = reader.env_type();
-  PT_INPUT_CHECK(saved_by == name(), reader.origin(), ": optimizer state saved by env_type '", saved_by,
-                 "' cannot be loaded by env_type deepspeed+mpu (its optimizer state is per tensor-parallel part); "
-                 "export the model (--save_hf) and start from it with --init_from");
+  ReplicatedBackend::load_shards(reader);  // any grid's checkpoint, sliced to this TP rank's parts
+  // This TP rank's dropout stream when the checkpoint has the same TP size (its shard is named
+  // by the global rank (tp_rank, dp_rank 0) = tp_rank); at another size it starts from its seed.
   const int64_t saved_tp = reader.saved_grid().value("tp", int64_t{1});
-  PT_INPUT_CHECK(saved_tp == ctx_.tp_size, reader.origin(), ": saved at model_parallel_size ", saved_tp,
-                 ", this run has ", ctx_.tp_size, "; its optimizer state is split that way: resume with "
-                 "--model_parallel_size ", saved_tp, " (any data-parallel size), or start from its model (state.pt is "
-                 "the consolidated model; --save_hf exports it) with --init_from at any size");
-  // Shard files are named by the global rank that wrote them: (tp_rank, dp_rank 0) = tp_rank.
-  PT_INPUT_CHECK(reader.has_shard(ctx_.tp_rank), reader.origin(), ": no optimizer state of tensor-parallel rank ",
-                 ctx_.tp_rank, " (", ShardReader::file_name(ctx_.tp_rank), ")");
-  reader.read_shard(ctx_.tp_rank, [&](torch::serialize::InputArchive& a, const std::string& origin) {
-    optimizer_->load(a, origin);
-    tp_transform_->load_rng(a);
-  });
+  if (saved_tp == ctx_.tp_size && reader.has_shard(ctx_.tp_rank))
+    reader.read_shard(ctx_.tp_rank, [&](torch::serialize::InputArchive& a, const std::string&) {
+      tp_transform_->load_rng(a);
+    });
 }
 
 void TensorParallelBackend::release_model(torch::nn::Module& model) { tp_transform_->release(model); }

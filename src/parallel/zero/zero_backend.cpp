@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <set>
 #include <unordered_set>
 
 #include <nlohmann/json.hpp>
@@ -23,10 +24,13 @@
 #include "polytrain/parallel/parallel_dims.h"
 #include "polytrain/parallel/process_grid.h"
 #include "polytrain/parallel/replicated_backend.h"
+#include "polytrain/parallel/tensor_parallel/tp_plan.h"
 #include "polytrain/parallel/tensor_parallel/tp_transform.h"
+#include "polytrain/parallel/universal_state.h"
 #include "polytrain/parallel/update.h"
 #include "polytrain/trainer/checkpoint.h"
 #include "polytrain/trainer/cpu_adam.h"
+#include "polytrain/trainer/optimizer_registry.h"
 #include "polytrain/trainer/optimizers.h"
 
 namespace polytrain {
@@ -249,11 +253,10 @@ int64_t ZeroBackend::next_micro_batch(int64_t micro_steps_done, int64_t /*sample
 }
 
 void ZeroBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Config& cfg) {
-  const std::string type = lower(cfg.optimizer.type);
-  PT_INPUT_CHECK(type == "adam" || type == "adamw" || type == "cpuadam", "optimizer.type '", cfg.optimizer.type,
-                 "' cannot be sharded by env_type deepspeed (ZeRO partitions Adam/AdamW state by element; ",
-                 type == "lamb" ? "LAMB's trust ratio needs whole parameters" : "use Adam or AdamW",
-                 "): use Adam/AdamW, or env_type pytorchDDP");
+  const OptimizerEntry& opt = optimizer_entry(cfg.optimizer.type);
+  PT_INPUT_CHECK(opt.shardable, "optimizer.type '", cfg.optimizer.type, "' cannot be sharded by env_type ", name_,
+                 " (ZeRO partitions optimizer state by element; ", opt.not_shardable_because,
+                 "): use Adam/AdamW, or zero_optimization.stage 0 / env_type pytorchDDP");
   PT_INPUT_CHECK(!cfg.optimizer.amsgrad, "optimizer.params.amsgrad is not supported by env_type deepspeed");
   PT_INPUT_CHECK(cfg.optimizer.lr >= 0, "optimizer.params.lr must be >= 0, got ", cfg.optimizer.lr);
   PT_INPUT_CHECK(cfg.optimizer.beta1 >= 0 && cfg.optimizer.beta1 < 1 && cfg.optimizer.beta2 >= 0 &&
@@ -574,6 +577,7 @@ ZeroBackend::OwnedState ZeroBackend::owned_state() const {
     const int64_t base = l.begin_of(owner_);
     for (const auto& p : l.owned(owner_)) {
       out.names.push_back(l.entries[p.entry].name);
+      out.shapes.push_back(l.entries[p.entry].shape);
       out.begins.push_back(p.param_begin);
       out.lengths.push_back(p.length);
       master.push_back(g->master.narrow(0, p.flat_begin - base, p.length).to(torch::kCPU, torch::kFloat));
@@ -591,79 +595,78 @@ ZeroBackend::OwnedState ZeroBackend::owned_state() const {
   return out;
 }
 
-// Shard layout: "zero_format" = 1, "step", "pieces" (JSON: [[name, shape, begin, length], ...]
-// in the order of the tensors), and "master", "exp_avg", "exp_avg_sq": the owned slices
-// concatenated, padding left out. Nothing in it depends on the number of ranks that wrote it.
+// The shard: this rank's owned slices in the universal layout (universal_state.h): each
+// parameter by its full name and whole shape, its TP part, the range of that part, and the
+// master weights and moments. Nothing in it depends on the grid that wrote it.
 void ZeroBackend::save_shard(torch::serialize::OutputArchive& archive) {
   const OwnedState s = owned_state();
-  nlohmann::json pieces = nlohmann::json::array();
-  size_t i = 0;
-  for (const auto& g : groups_) {
-    const ZeroLayout& l = layouts_[g->index];
-    for (const auto& p : l.owned(owner_)) {
-      pieces.push_back({l.entries[p.entry].name, l.entries[p.entry].shape, p.param_begin, p.length});
-      ++i;
+  std::vector<StatePiece> pieces;
+  int64_t off = 0;
+  for (size_t i = 0; i < s.names.size(); ++i) {
+    StatePiece p;
+    p.name = s.names[i];
+    p.whole_shape = s.shapes[i];
+    const TpShardSpec* spec = tp_ ? tp_->spec(p.name) : nullptr;
+    if (spec) {
+      p.whole_shape[spec->dim] = spec->whole;
+      p.split = state_split(*spec, ctx_.tp_rank, ctx_.tp_size);
+    } else if (ctx_.tp_rank != 0) {  // a replicated parameter: every TP rank holds the same state, rank 0 saves it
+      off += s.lengths[i];
+      continue;
     }
+    p.begin = s.begins[i];
+    p.length = s.lengths[i];
+    p.step = s.step;
+    p.stats = {{"master", s.master.narrow(0, off, p.length)},
+               {"exp_avg", s.exp_avg.narrow(0, off, p.length)},
+               {"exp_avg_sq", s.exp_avg_sq.narrow(0, off, p.length)}};
+    off += p.length;
+    pieces.push_back(std::move(p));
   }
-  PT_CHECK(i == s.names.size(), "zero: ", i, " pieces for ", s.names.size(), " names");
-  archive.write("zero_format", c10::IValue(int64_t{1}));
-  archive.write("step", torch::tensor({s.step}, torch::kLong));
-  archive.write("pieces", c10::IValue(pieces.dump()));
-  archive.write("master", s.master);
-  archive.write("exp_avg", s.exp_avg);
-  archive.write("exp_avg_sq", s.exp_avg_sq);
+  write_state_pieces(archive, pieces);
   if (tp_) tp_->save_rng(archive);
 }
 
+// Any checkpoint: every parameter's state put back together whole (whatever grid, stage or
+// env_type saved it), then this rank's TP part and ZeRO partition taken from it.
 void ZeroBackend::load_shards(ShardReader& reader) {
-  PT_INPUT_CHECK(reader.env_type() == "deepspeed" || reader.env_type() == "deepspeed+mpu", reader.origin(),
-                 ": optimizer state saved by env_type '", reader.env_type(), "' cannot be loaded by env_type ", name_,
-                 " (ZeRO keeps Adam state by parameter slice); resume with env_type '", reader.env_type(),
-                 "', or start from the model weights alone");
+  PT_INPUT_CHECK(has_universal_state(reader), reader.origin(), ": optimizer state saved by env_type '",
+                 reader.env_type(), "' in its own format (not the universal layout); resume with env_type '",
+                 reader.env_type(), "', or start from the model weights alone (--init_from)");
+  const UniversalState state = read_universal_state(reader);
   const int64_t saved_tp = reader.saved_grid().value("tp", int64_t{1});
-  PT_INPUT_CHECK(saved_tp == ctx_.tp_size, reader.origin(), ": saved at model_parallel_size ", saved_tp,
-                 ", this run has ", ctx_.tp_size, "; resume with --model_parallel_size ", saved_tp,
-                 " (any data-parallel size)");
-  if (tp_ && reader.has_shard(ctx_.tp_rank))  // the split regions' dropout stream of this TP rank
+  if (tp_ && saved_tp == ctx_.tp_size && reader.has_shard(ctx_.tp_rank))  // this TP rank's dropout stream
     reader.read_shard(ctx_.tp_rank, [&](torch::serialize::InputArchive& a, const std::string&) { tp_->load_rng(a); });
-  std::map<std::string, std::pair<size_t, size_t>> by_name;  // group, entry
-  for (size_t g = 0; g < layouts_.size(); ++g)
-    for (size_t e = 0; e < layouts_[g].entries.size(); ++e) by_name[layouts_[g].entries[e].name] = {g, e};
-  std::vector<std::vector<int64_t>> covered(layouts_.size());
-  for (size_t g = 0; g < layouts_.size(); ++g) covered[g].assign(layouts_[g].entries.size(), 0);
+  std::set<std::string> mine;
   torch::NoGradGuard no_grad;
-  // Each saved slice: the part of it inside this rank's partition, whatever layout saved it.
-  const int64_t step = for_each_zero_piece(reader, [&](const ZeroPiece& pc) {
-    auto it = by_name.find(pc.name);
-    PT_INPUT_CHECK(it != by_name.end(), pc.origin, ": optimizer state for parameter '", pc.name,
-                   "', which this model does not train");
-    const size_t g = it->second.first, e = it->second.second;
-    const ZeroLayout& l = layouts_[g];
-    const auto& en = l.entries[e];
-    PT_INPUT_CHECK(pc.shape == en.shape, pc.origin, ": parameter '", pc.name, "' saved with shape ",
-                   c10::IntArrayRef(pc.shape), ", the model has ", c10::IntArrayRef(en.shape));
-    const int64_t part_lo = l.begin_of(owner_), part_hi = part_lo + l.part;
-    const int64_t a = std::max(en.offset + pc.begin, part_lo), b = std::min(en.offset + pc.begin + pc.length, part_hi);
-    if (b <= a) return;
-    const int64_t from = a - en.offset - pc.begin;
-    Group& grp = *groups_[g];
-    grp.master.narrow(0, a - part_lo, b - a).copy_(pc.master.narrow(0, from, b - a));
-    grp.exp_avg.narrow(0, a - part_lo, b - a).copy_(pc.exp_avg.narrow(0, from, b - a));
-    grp.exp_avg_sq.narrow(0, a - part_lo, b - a).copy_(pc.exp_avg_sq.narrow(0, from, b - a));
-    covered[g][e] += b - a;
-  });
-  for (size_t g = 0; g < layouts_.size(); ++g) {
-    const ZeroLayout& l = layouts_[g];
-    for (size_t e = 0; e < l.entries.size(); ++e) {
-      const auto& en = l.entries[e];
-      const int64_t want = std::max<int64_t>(
-          0, std::min(en.offset + en.numel, l.begin_of(owner_) + l.part) - std::max(en.offset, l.begin_of(owner_)));
-      PT_INPUT_CHECK(covered[g][e] == want, reader.origin(), ": optimizer state covers ", covered[g][e], " of the ",
-                     want, " elements of parameter '", en.name, "' this rank owns (",
-                     covered[g][e] < want ? "missing from the checkpoint" : "saved more than once", ")");
+  for (auto& g : groups_) {
+    const ZeroLayout& l = layouts_[g->index];
+    const int64_t base = l.begin_of(owner_);
+    for (const auto& en : l.entries) mine.insert(en.name);
+    for (const auto& p : l.owned(owner_)) {
+      const auto& en = l.entries[p.entry];
+      const ParamState* ps = state.find(en.name);
+      PT_INPUT_CHECK(ps, reader.origin(), ": no optimizer state for parameter '", en.name, "' (saved from another model?)");
+      const TpShardSpec* spec = tp_ ? tp_->spec(en.name) : nullptr;
+      std::vector<int64_t> whole = en.shape;
+      if (spec) whole[spec->dim] = spec->whole;
+      PT_INPUT_CHECK(ps->shape == whole, reader.origin(), ": parameter '", en.name, "' saved with shape ",
+                     c10::IntArrayRef(ps->shape), ", the model has ", c10::IntArrayRef(whole));
+      auto take = [&](const char* stat, at::Tensor& dst) {
+        at::Tensor src = ps->local(stat, spec, ctx_.tp_rank, ctx_.tp_size);
+        if (!src.defined()) return false;
+        dst.narrow(0, p.flat_begin - base, p.length).copy_(src.narrow(0, p.param_begin, p.length));
+        return true;
+      };
+      take("master", g->master);  // absent when saved by a whole-parameter optimizer: the model file's weights stay
+      if (!take("exp_avg", g->exp_avg)) g->exp_avg.narrow(0, p.flat_begin - base, p.length).zero_();
+      if (!take("exp_avg_sq", g->exp_avg_sq)) g->exp_avg_sq.narrow(0, p.flat_begin - base, p.length).zero_();
     }
   }
-  static_cast<PartitionAdam&>(*optimizer_).set_step_count(step);
+  for (const auto& [name, ps] : state.params)
+    PT_INPUT_CHECK(mine.count(name), reader.origin(), ": optimizer state for parameter '", name,
+                   "', which this model does not train");
+  static_cast<PartitionAdam&>(*optimizer_).set_step_count(state.step);
   for (auto& g : groups_)
     if (!g->master_is_view) g->flat_part.copy_(g->master);
   gather_params();

@@ -58,6 +58,15 @@ class ZeroBackend : public Backend {
   const RankContext& context() const override { return ctx_; }
   void prepare(std::shared_ptr<torch::nn::Module> model, const Config& cfg) override;
   int64_t samples_per_step() const override { return micro_ * accumulation_; }
+  int64_t global_batch() const override { return global_batch_; }
+  std::string amp_refusal() const override {
+    if (name_ == "deepspeed")
+      return "amp with env_type deepspeed: ZeRO keeps its own fp32 master weights; amp runs with env_type pytorch, "
+             "pytorchDDP or deepspeed+mpu (at zero_optimization.stage 0, pytorchDDP is the same data parallelism), "
+             "or use fp16 / bf16 with deepspeed";
+    return "amp with env_type " + name_ + " at zero_optimization.stage " + std::to_string(stage_) +
+           ": ZeRO keeps its own fp32 master weights; use fp16 / bf16 with ZeRO, or amp at stage 0";
+  }
   int64_t next_micro_batch(int64_t micro_steps_done, int64_t samples_done) const override;
   void backward(const at::Tensor& loss, const MicroStep& m) override;
   StepResult step(const StepRequest& request, int64_t step) override;
@@ -78,6 +87,7 @@ class ZeroBackend : public Backend {
   /// each owned piece in flat order, and the step count.
   struct OwnedState {
     std::vector<std::string> names;
+    std::vector<std::vector<int64_t>> shapes;  ///< each piece's parameter (this rank's TP part)
     std::vector<int64_t> begins;   ///< first element of each piece within its parameter
     std::vector<int64_t> lengths;  ///< elements of each piece
     at::Tensor master, exp_avg, exp_avg_sq;  ///< the pieces concatenated (padding left out)

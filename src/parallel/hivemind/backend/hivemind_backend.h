@@ -53,6 +53,8 @@ class HivemindBackend : public ReplicatedBackend {
   std::string name() const override { return "hivemind"; }
   void prepare(std::shared_ptr<torch::nn::Module> model, const Config& cfg) override;
   DataShard data_shard() const override;
+  int64_t global_batch() const override { return h_.target_batch_size; }
+  std::string amp_refusal() const override { return "amp is not implemented for env_type hivemind; use fp16 or bf16"; }
   int64_t next_micro_batch(int64_t micro_steps_done, int64_t samples_done) const override;
   void backward(const at::Tensor& loss, const MicroStep& m) override;
   StepResult step(const StepRequest& request, int64_t step) override;
