@@ -30,7 +30,7 @@
 #include "polytrain/common/cpu_budget.h"
 #include "polytrain/models/bert.h"
 #include "polytrain/parallel/update.h"
-#include "polytrain/trainer/optimizers.h"
+#include "polytrain/optim/optimizers.h"
 
 using namespace polytrain;
 

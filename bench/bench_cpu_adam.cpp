@@ -1,4 +1,4 @@
-// Worker of bench/cpu_adam.sh: the CPU Adam kernel (trainer/cpu_adam.h) against libtorch's
+// Worker of bench/cpu_adam.sh: the CPU Adam kernel (optim/cpu_adam.h) against libtorch's
 // AdamW and against this machine's memory bandwidth, in parameter updates per second.
 //   bench_cpu_adam [all] [params=N] [reps=R]
 //     (d) a STREAM triad a = b + s*c over three arrays far larger than the caches, all threads,
@@ -41,7 +41,7 @@
 
 #include <torch/torch.h>
 
-#include "polytrain/trainer/cpu_adam.h"
+#include "polytrain/optim/cpu_adam.h"
 
 using Clock = std::chrono::steady_clock;
 namespace cpu_adam = polytrain::cpu_adam;

@@ -19,8 +19,8 @@
 #include <thread>
 #include <vector>
 
-#include "polytrain/parallel/hivemind/butterfly.h"
-#include "polytrain/parallel/hivemind/wire.h"
+#include "polytrain/swarm/butterfly.h"
+#include "polytrain/swarm/wire.h"
 
 #include "loopback_tcp.h"
 

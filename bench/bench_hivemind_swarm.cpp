@@ -25,12 +25,12 @@
 #include <thread>
 #include <vector>
 
-#include "polytrain/parallel/hivemind/butterfly.h"
-#include "polytrain/parallel/hivemind/dht.h"
-#include "polytrain/parallel/hivemind/progress.h"
-#include "polytrain/parallel/hivemind/record.h"
-#include "polytrain/parallel/hivemind/state.h"
-#include "polytrain/parallel/hivemind/wire.h"
+#include "polytrain/swarm/butterfly.h"
+#include "polytrain/swarm/dht.h"
+#include "polytrain/swarm/progress.h"
+#include "polytrain/swarm/record.h"
+#include "polytrain/swarm/state.h"
+#include "polytrain/swarm/wire.h"
 
 #include "loopback_tcp.h"
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CPU Adam kernel (src/trainer/cpu_adam.cpp, what ZeRO offload steps its fp32 partitions
+# The CPU Adam kernel (src/optim/cpu_adam.cpp, what ZeRO offload steps its fp32 partitions
 # with) at 32M fp32 parameters, all threads of this machine, every figure with its comparison:
 #  (a) ours, AdamW mode, in parameter updates/s; also with the fused bf16 copy-out;
 #  (b) torch::optim::AdamW::step on one 32M tensor, as is (target: ours >= 5x);

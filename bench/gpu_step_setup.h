@@ -27,7 +27,7 @@
 #include "polytrain/models/gpt2.h"
 #include "polytrain/models/t5.h"
 #include "polytrain/parallel/update.h"
-#include "polytrain/trainer/optimizers.h"
+#include "polytrain/optim/optimizers.h"
 
 namespace polytrain::bench {
 

@@ -11,7 +11,7 @@
 #include <string_view>
 #include <vector>
 
-#include "polytrain/parallel/hivemind/wire.h"
+#include "polytrain/swarm/wire.h"
 
 /// CPU seconds (user + system, all threads) of this process so far.
 inline double process_cpu_seconds() {

@@ -11,7 +11,7 @@ if(NOT POLYTRAIN_WITH_HIVEMIND)
   message(FATAL_ERROR "POLYTRAIN_SANITIZE=thread checks the hivemind core: it needs libopendht-dev libsodium-dev "
                       "libasio-dev libmsgpack-cxx-dev")
 endif()
-file(GLOB _tsan_sources ${PROJECT_SOURCE_DIR}/src/parallel/hivemind/*.cpp ${PROJECT_SOURCE_DIR}/src/launcher/*.cpp)
+file(GLOB _tsan_sources ${PROJECT_SOURCE_DIR}/src/swarm/*.cpp ${PROJECT_SOURCE_DIR}/src/launcher/*.cpp)
 list(FILTER _tsan_sources EXCLUDE REGEX ".*_main\\.cpp$")
 list(APPEND _tsan_sources ${PROJECT_SOURCE_DIR}/src/common/crc32c.cpp ${PROJECT_SOURCE_DIR}/src/common/atomic_file.cpp
      ${PROJECT_SOURCE_DIR}/src/common/fault.cpp)

@@ -13,9 +13,9 @@
 #include "fuzz_util.h"
 #include "polytrain/common/atomic_file.h"
 #include "polytrain/common/crc32c.h"
-#include "polytrain/trainer/archive_codec.h"
-#include "polytrain/trainer/checkpoint.h"
-#include "polytrain/trainer/checkpoint_marker.h"
+#include "polytrain/checkpoint/archive_codec.h"
+#include "polytrain/checkpoint/checkpoint.h"
+#include "polytrain/checkpoint/checkpoint_marker.h"
 
 using namespace polytrain;
 namespace fs = std::filesystem;

@@ -7,7 +7,7 @@
 #include <unistd.h>
 
 #include "fuzz_util.h"
-#include "polytrain/models/safetensors.h"
+#include "polytrain/checkpoint/safetensors.h"
 
 using namespace polytrain;
 

@@ -26,19 +26,22 @@ mkdir -p "$OUT/include" "$OUT/bin" "$OUT/corpus" "$OUT/crashes" "$OUT/logs"
 ln -sfn "$ROOT/src" "$OUT/include/polytrain"
 
 # target -> its sources and libraries (torch: the Debian libtorch the project builds against)
-CONFIG_SRC="src/common/config.cpp src/common/config_keys.cpp"
+# The config names its optimizers through the optimizer registry, whose entries build them (torch).
+CONFIG_SRC="src/common/config.cpp src/common/config_keys.cpp src/optim/optimizer_registry.cpp src/optim/optimizers.cpp \
+  src/optim/cpu_adam.cpp src/optim/lamb.cpp src/optim/multi_tensor_adam.cpp"
 declare -A SOURCES=(
   [fuzz_config]="$CONFIG_SRC"
   [fuzz_hostfile]="src/launcher/hostfile.cpp"
   [fuzz_env_file]="src/launcher/env_file.cpp src/launcher/hostfile.cpp"
   [fuzz_hf_config]="$CONFIG_SRC src/models/hf_config.cpp src/models/bert_config.cpp src/models/albert_config.cpp src/models/gpt2_config.cpp src/models/t5_config.cpp"
-  [fuzz_safetensors]="src/models/safetensors.cpp src/common/atomic_file.cpp"
-  [fuzz_checkpoint]="$CONFIG_SRC src/trainer/checkpoint.cpp src/trainer/checkpoint_marker.cpp src/trainer/archive_codec.cpp src/models/safetensors.cpp src/common/atomic_file.cpp src/common/crc32c.cpp src/common/fault.cpp"
+  [fuzz_safetensors]="src/checkpoint/safetensors.cpp src/common/atomic_file.cpp"
+  [fuzz_checkpoint]="$CONFIG_SRC src/checkpoint/checkpoint.cpp src/checkpoint/checkpoint_marker.cpp src/checkpoint/archive_codec.cpp src/checkpoint/safetensors.cpp src/common/atomic_file.cpp src/common/crc32c.cpp src/common/fault.cpp"
   [fuzz_wordpiece]="src/data/wordpiece.cpp src/data/utf8.cpp src/data/unicode_tables.cpp"
   [fuzz_gpt2_bpe]="src/data/gpt2_bpe.cpp src/data/utf8.cpp src/data/unicode_tables.cpp"
 )
 TORCH="-isystem /usr/include/torch/csrc/api/include -ltorch -ltorch_cpu -lc10"
-declare -A LIBS=([fuzz_gpt2_bpe]="-lpcre2-8" [fuzz_safetensors]="$TORCH" [fuzz_checkpoint]="$TORCH")
+declare -A LIBS=([fuzz_gpt2_bpe]="-lpcre2-8" [fuzz_safetensors]="$TORCH" [fuzz_checkpoint]="$TORCH" [fuzz_config]="$TORCH"
+                 [fuzz_hf_config]="$TORCH")
 ALL=(fuzz_config fuzz_hostfile fuzz_env_file fuzz_hf_config fuzz_safetensors fuzz_checkpoint fuzz_wordpiece fuzz_gpt2_bpe)
 TARGETS=("$@")
 [ ${#TARGETS[@]} -eq 0 ] && TARGETS=("${ALL[@]}")

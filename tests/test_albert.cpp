@@ -19,7 +19,7 @@
 #include "helpers/hf_parity.h"
 #include "polytrain/models/albert.h"
 #include "polytrain/models/hf_pretrained.h"
-#include "polytrain/models/safetensors.h"
+#include "polytrain/checkpoint/safetensors.h"
 #include "helpers/require.h"
 #include "helpers/temp_dir.h"
 

@@ -1,4 +1,4 @@
-// The CPU Adam kernel (trainer/cpu_adam.h) and its Optimizer adapter:
+// The CPU Adam kernel (optim/cpu_adam.h) and its Optimizer adapter:
 //  - every kernel this CPU runs (scalar, AVX2, AVX-512; one not supported is skipped alone)
 //    against libtorch's Adam (L2 decay) and AdamW, with and without weight decay, over sizes
 //    that hit every tail length, and against a double-precision reference without bias
@@ -22,8 +22,8 @@
 
 #include "polytrain/common/config.h"
 #include "polytrain/common/error.h"
-#include "polytrain/trainer/cpu_adam.h"
-#include "polytrain/trainer/optimizers.h"
+#include "polytrain/optim/cpu_adam.h"
+#include "polytrain/optim/optimizers.h"
 #include "helpers/forked_ranks.h"
 
 namespace polytrain {

@@ -20,7 +20,7 @@
 #include <torch/torch.h>
 
 #include "helpers/own_process.h"
-#include "polytrain/models/safetensors.h"
+#include "polytrain/checkpoint/safetensors.h"
 #include "polytrain/parallel/comm/communicator.h"
 #include "helpers/require.h"
 

@@ -17,10 +17,10 @@
 
 #include "helpers/free_port.h"
 #include "polytrain/common/error.h"
-#include "polytrain/parallel/hivemind/butterfly.h"
-#include "polytrain/parallel/hivemind/compression.h"
-#include "polytrain/parallel/hivemind/state.h"
-#include "polytrain/parallel/hivemind/wire.h"
+#include "polytrain/swarm/butterfly.h"
+#include "polytrain/swarm/compression.h"
+#include "polytrain/swarm/state.h"
+#include "polytrain/swarm/wire.h"
 
 namespace hm = polytrain::hivemind;
 using namespace std::chrono_literals;

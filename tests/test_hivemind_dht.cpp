@@ -19,11 +19,11 @@
 #include <thread>
 
 #include "polytrain/common/error.h"
-#include "polytrain/parallel/hivemind/butterfly.h"
-#include "polytrain/parallel/hivemind/dht.h"
-#include "polytrain/parallel/hivemind/matchmaking.h"
-#include "polytrain/parallel/hivemind/progress.h"
-#include "polytrain/parallel/hivemind/record.h"
+#include "polytrain/swarm/butterfly.h"
+#include "polytrain/swarm/dht.h"
+#include "polytrain/swarm/matchmaking.h"
+#include "polytrain/swarm/progress.h"
+#include "polytrain/swarm/record.h"
 #include "helpers/own_process.h"
 
 namespace hm = polytrain::hivemind;
@@ -454,7 +454,7 @@ TEST(Dht, ForgedForeignAndOversizeValuesAreNeitherStoredNorReturned) {
 
 // ---- progress (hivemind's ProgressTracker protocol) ---------------------------------------
 
-#include "polytrain/parallel/hivemind/progress.h"
+#include "polytrain/swarm/progress.h"
 
 TEST(Progress, GlobalEpochSamplesAndEtaFollowHivemindsRules) {
   const double now = 1000.0;
@@ -530,7 +530,7 @@ TEST(Progress, ThreePeersSeeTheSwarmsSamplesThroughTheDht) {
 
 // ---- metrics records and the monitor's view of a step ---------------------------------------
 
-#include "polytrain/parallel/hivemind/metrics.h"
+#include "polytrain/swarm/metrics.h"
 
 TEST(Metrics, RecordsRoundTripAndMalformedOnesAreRefused) {
   hm::StepMetrics m{12, 7.25, 16, 310.5, 2, 1.7e9};

@@ -27,9 +27,9 @@
 #include "helpers/require.h"
 #include "helpers/temp_dir.h"
 #include "polytrain/parallel/universal_state.h"
-#include "polytrain/trainer/checkpoint.h"
-#include "polytrain/models/safetensors.h"
-#include "polytrain/trainer/archive_codec.h"
+#include "polytrain/checkpoint/checkpoint.h"
+#include "polytrain/checkpoint/safetensors.h"
+#include "polytrain/checkpoint/archive_codec.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;

@@ -14,8 +14,8 @@
 #include "polytrain/common/config.h"
 #include "polytrain/common/error.h"
 #include "polytrain/parallel/update.h"
-#include "polytrain/trainer/loss_scaler.h"
-#include "polytrain/trainer/optimizers.h"
+#include "polytrain/optim/loss_scaler.h"
+#include "polytrain/optim/optimizers.h"
 
 namespace polytrain {
 namespace {

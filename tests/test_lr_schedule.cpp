@@ -10,7 +10,7 @@
 
 #include "polytrain/common/config.h"
 #include "polytrain/common/error.h"
-#include "polytrain/trainer/lr_schedule.h"
+#include "polytrain/optim/lr_schedule.h"
 
 namespace polytrain {
 namespace {

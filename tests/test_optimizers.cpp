@@ -12,9 +12,9 @@
 
 #include "polytrain/common/config.h"
 #include "polytrain/common/error.h"
-#include "polytrain/trainer/lamb.h"
-#include "polytrain/trainer/multi_tensor_adam.h"
-#include "polytrain/trainer/optimizers.h"
+#include "polytrain/optim/lamb.h"
+#include "polytrain/optim/multi_tensor_adam.h"
+#include "polytrain/optim/optimizers.h"
 
 namespace polytrain {
 namespace {

@@ -14,7 +14,7 @@
 #include "helpers/process.h"
 #include "polytrain/common/atomic_file.h"
 #include "polytrain/common/error.h"
-#include "polytrain/models/safetensors.h"
+#include "polytrain/checkpoint/safetensors.h"
 #include "helpers/require.h"
 #include "helpers/temp_dir.h"
 

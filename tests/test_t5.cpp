@@ -14,7 +14,7 @@
 #include "polytrain/common/config.h"
 #include "polytrain/common/error.h"
 #include "helpers/hf_parity.h"
-#include "polytrain/models/safetensors.h"
+#include "polytrain/checkpoint/safetensors.h"
 #include "polytrain/models/t5.h"
 #include "polytrain/common/autocast.h"
 #include "helpers/require.h"

@@ -20,7 +20,7 @@
 #include "polytrain/models/bert.h"
 #include "polytrain/models/gpt2.h"
 #include "polytrain/models/hf_pretrained.h"
-#include "polytrain/models/safetensors.h"
+#include "polytrain/checkpoint/safetensors.h"
 #include "polytrain/models/t5.h"
 #include "polytrain/models/tp_layers.h"
 #include "polytrain/parallel/backend.h"
@@ -29,7 +29,7 @@
 #include "polytrain/parallel/tensor_parallel/tp_plan.h"
 #include "polytrain/parallel/tensor_parallel/tp_region.h"
 #include "polytrain/parallel/universal_state.h"
-#include "polytrain/trainer/checkpoint.h"
+#include "polytrain/checkpoint/checkpoint.h"
 #include "polytrain/trainer/trainer.h"
 #include "helpers/forked_ranks.h"
 #include "helpers/free_port.h"
@@ -679,6 +679,53 @@ TEST(UniversalCheckpoint, TpZeroAndTpDdpShardsConsolidateToTheSameState) {
       }
     }
   }
+}
+
+// The reader checks coverage: two shards that both hold elements 4-7 of a parameter (an
+// overlap), or that leave elements 8-11 out (a gap), are refused naming the parameter; the
+// same pieces without either put the parameter back together whole.
+TEST(UniversalCheckpoint, AGapOrAnOverlapIsAnErrorNamingTheParameter) {
+  TempDir tmp("universal_cover");
+  const at::Tensor m = torch::arange(12, torch::kFloat), v = torch::arange(12, torch::kFloat) * 2;
+  auto piece = [&](int64_t begin, int64_t length) {
+    StatePiece p;
+    p.name = "h.0.mlp.c_fc.weight";
+    p.whole_shape = {3, 4};
+    p.begin = begin;
+    p.length = length;
+    p.step = 7;
+    p.stats = {{"exp_avg", m.narrow(0, begin, length)}, {"exp_avg_sq", v.narrow(0, begin, length)}};
+    return p;
+  };
+  auto save = [&](const std::string& tag, const std::vector<std::vector<StatePiece>>& shards) {
+    CheckpointGroup group;
+    CheckpointWriter w(tmp.path.string(), tag, group);
+    for (size_t r = 0; r < shards.size(); ++r) {
+      torch::serialize::OutputArchive a;
+      write_state_pieces(a, shards[r]);
+      w.write_archive(ShardReader::file_name(static_cast<int64_t>(r)), a);
+    }
+    const int64_t world = static_cast<int64_t>(shards.size());
+    w.commit({{"env_type", "deepspeed"}, {"grid", {{"world", world}, {"tp", 1}, {"dp", world}, {"pp", 1}}}}, false);
+  };
+  auto error = [&](const std::string& tag) {
+    try {
+      read_universal_state(ShardReader(CheckpointReader(tmp.path.string(), tag)));
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  save("whole", {{piece(0, 6)}, {piece(6, 6)}});
+  const UniversalState ok = read_universal_state(ShardReader(CheckpointReader(tmp.path.string(), "whole")));
+  ASSERT_EQ(ok.params.size(), 1u);
+  EXPECT_EQ(ok.step, 7);
+  EXPECT_TRUE(torch::equal(ok.params[0].second.stats.at("exp_avg_sq"), v.view({3, 4})));
+  save("overlap", {{piece(0, 8)}, {piece(4, 8)}});
+  EXPECT_NE(error("overlap").find("'h.0.mlp.c_fc.weight' is saved more than once (an overlap)"), std::string::npos)
+      << error("overlap");
+  save("gap", {{piece(0, 8)}, {}});
+  EXPECT_NE(error("gap").find("'h.0.mlp.c_fc.weight' is missing elements (a gap)"), std::string::npos) << error("gap");
 }
 
 // ---- bad input -------------------------------------------------------------------------------

@@ -89,6 +89,27 @@ TEST(TrainGpt2, TensorParallelTwoByTwoThroughTheLauncher) {
   EXPECT_EQ(one.code, 0) << one.out;
 }
 
+// FlagAI's deepspeed+mpu with a ZeRO config: configs/gpt2_tp2_zero2.json at 4 ranks is TP 2 x DP 2
+// with ZeRO-2 and the optimizer offloaded to the CPU; its checkpoint resumes in one process
+// under env_type pytorch (the universal layout) and training goes on from step 4.
+TEST(TrainGpt2, TensorParallelTimesZero2OffloadThroughTheLauncherResumesInOneProcess) {
+  PT_SKIP_UNLESS(assets_present(), "the GPT-2 BPE files in .cache/assets (scripts/fetch_assets.sh)");
+  TempDir tmp;
+  const std::string launch = POLYTRAIN_BINARY_DIR "/launch --master_port " + std::to_string(20000 + ::getpid() % 20000);
+  const std::string common = " --config configs/gpt2_tp2_zero2.json --log_interval 2 --eval_interval 0 --save_interval 4 "
+                             "--no_progress_bar --experiments_dir " + (tmp.path / "exp").string();
+  auto r = run("OMP_NUM_THREADS=1 " + launch + " --num_gpus 4 " + kGpt2 + common + " --max_steps 4 --save_dir " +
+               (tmp.path / "ckpt").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("step 4/4"), std::string::npos) << r.out;
+  auto one = run(kGpt2 + common + " --max_steps 6 --env_type pytorch --model_parallel_size 1 --num_threads 2 --load_dir " +
+                 (tmp.path / "ckpt").string() + " --save_dir " + (tmp.path / "ckpt1").string());
+  ASSERT_EQ(one.code, 0) << one.out;
+  EXPECT_NE(one.out.find("resumed from"), std::string::npos) << one.out;
+  EXPECT_NE(one.out.find("at step 4"), std::string::npos) << one.out;
+  EXPECT_NE(one.out.find("step 6/6"), std::string::npos) << one.out;
+}
+
 TEST(TrainGpt2, TensorParallelBadInputIsOneLineExitTwo) {
   TempDir tmp;
   const std::string common = " --no_progress_bar --experiments_dir " + (tmp.path / "exp").string();

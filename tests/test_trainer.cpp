@@ -15,7 +15,7 @@
 
 #include "polytrain/common/error.h"
 #include "polytrain/models/bert.h"
-#include "polytrain/trainer/checkpoint.h"
+#include "polytrain/checkpoint/checkpoint.h"
 #include "polytrain/trainer/trainer.h"
 #include "helpers/pattern_source.h"
 #include "helpers/temp_dir.h"

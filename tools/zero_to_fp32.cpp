@@ -17,9 +17,9 @@
 #include "polytrain/common/cli_config.h"
 #include "polytrain/common/error.h"
 #include "polytrain/common/main_guard.h"
-#include "polytrain/models/safetensors.h"
+#include "polytrain/checkpoint/safetensors.h"
 #include "polytrain/parallel/zero/zero_export.h"
-#include "polytrain/trainer/checkpoint.h"
+#include "polytrain/checkpoint/checkpoint.h"
 
 namespace {
 

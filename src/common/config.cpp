@@ -20,7 +20,7 @@
 #include "polytrain/common/config_keys.h"
 #include "polytrain/common/dist_env.h"
 #include "polytrain/common/error.h"
-#include "polytrain/trainer/optimizer_registry.h"
+#include "polytrain/optim/optimizer_registry.h"
 
 namespace polytrain {
 

@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/nn/module.h>
 
-#include "polytrain/models/safetensors.h"
+#include "polytrain/checkpoint/safetensors.h"
 
 namespace polytrain {
 

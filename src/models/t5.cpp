@@ -14,7 +14,7 @@
 #include "polytrain/common/error.h"
 #include "polytrain/models/hf_layers.h"
 #include "polytrain/models/hf_pretrained.h"
-#include "polytrain/models/safetensors.h"
+#include "polytrain/checkpoint/safetensors.h"
 
 namespace polytrain {
 

@@ -4,13 +4,23 @@
 
 #include <torch/nn/module.h>
 
-#include "polytrain/trainer/checkpoint.h"
+#include "polytrain/checkpoint/checkpoint.h"
 
 namespace polytrain {
 
 DataShard Backend::data_shard() const {
   const auto& c = context();
   return DataShard{c.dp_rank, c.dp_size, false};
+}
+
+void Backend::run_micro_batches(MicroBatchRunner& runner) {
+  int64_t m = 0, samples = 0;
+  for (int64_t n; (n = next_micro_batch(m, samples)) > 0; ++m) {
+    const at::Tensor loss = runner.forward(n);
+    const bool last = next_micro_batch(m + 1, samples + n) == 0;
+    backward(loss, MicroStep{n, last});
+    samples += n;
+  }
 }
 
 NamedTensors Backend::full_state(torch::nn::Module& model) { return module_state(model); }

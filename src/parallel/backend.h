@@ -73,6 +73,18 @@ enum class StepOutcome {
   kNoUpdate,          ///< nothing to update yet (e.g. a peer still joining its swarm)
 };
 
+/// The loop's side of one step's micro-batches, driven by the backend's schedule
+/// (Backend::run_micro_batches): the loop reads the data and runs the user's forward_step, the
+/// schedule decides the order of forwards and backwards.
+class MicroBatchRunner {
+ public:
+  virtual ~MicroBatchRunner() = default;
+  /// Reads the next `samples` samples of this rank's share of the step and runs forward_step on
+  /// them; returns the loss to call backward on (already scaled and weighted by samples / the
+  /// step's samples, so a step is the mean over its samples whatever its micro-batches).
+  virtual at::Tensor forward(int64_t samples) = 0;
+};
+
 /// What step() did.
 struct StepResult {
   StepOutcome outcome = StepOutcome::kApplied;
@@ -116,6 +128,12 @@ class Backend {
   /// 0 once the global batch is complete (a fixed count for DDP/ZeRO/TP, the swarm's
   /// progress toward target_batch_size for the decentralized backend).
   virtual int64_t next_micro_batch(int64_t micro_steps_done, int64_t samples_done) const = 0;
+
+  /// Runs one step's micro-batches in the order this parallelism needs: forwards through
+  /// `runner`, backwards through backward(). The default is today's loop, each micro-batch's
+  /// forward then its backward until next_micro_batch says the step is complete; a pipeline
+  /// schedule (1F1B) replaces it.
+  virtual void run_micro_batches(MicroBatchRunner& runner);
 
   /// Backward of one micro-batch's normalised loss; free to start communication from
   /// gradient hooks when `m.sync`.

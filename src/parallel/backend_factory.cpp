@@ -11,7 +11,7 @@
 #include "polytrain/parallel/tensor_parallel/tp_backend.h"
 #include "polytrain/parallel/zero/zero_backend.h"
 #if POLYTRAIN_WITH_HIVEMIND
-#include "polytrain/parallel/hivemind/backend/hivemind_backend.h"
+#include "polytrain/parallel/hivemind/hivemind_backend.h"
 #endif
 
 namespace polytrain {

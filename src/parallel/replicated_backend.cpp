@@ -14,8 +14,8 @@
 #include "polytrain/parallel/tensor_parallel/tp_plan.h"
 #include "polytrain/parallel/tensor_parallel/tp_transform.h"
 #include "polytrain/parallel/universal_state.h"
-#include "polytrain/trainer/checkpoint.h"
-#include "polytrain/trainer/optimizers.h"
+#include "polytrain/checkpoint/checkpoint.h"
+#include "polytrain/optim/optimizers.h"
 
 namespace polytrain {
 

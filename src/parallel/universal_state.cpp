@@ -13,8 +13,8 @@
 
 #include "polytrain/common/error.h"
 #include "polytrain/parallel/tensor_parallel/tp_plan.h"
-#include "polytrain/trainer/checkpoint.h"
-#include "polytrain/trainer/optimizers.h"
+#include "polytrain/checkpoint/checkpoint.h"
+#include "polytrain/optim/optimizers.h"
 
 namespace polytrain {
 

@@ -8,7 +8,7 @@
 #include <torch/torch.h>
 
 #include "polytrain/parallel/backend.h"
-#include "polytrain/trainer/optimizers.h"
+#include "polytrain/optim/optimizers.h"
 
 namespace polytrain {
 

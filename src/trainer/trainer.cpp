@@ -34,12 +34,12 @@
 #include "polytrain/common/fault.h"
 #include "polytrain/data/sample_order.h"
 #include "polytrain/models/activation_checkpoint.h"
-#include "polytrain/models/safetensors.h"
+#include "polytrain/checkpoint/safetensors.h"
 #include "polytrain/parallel/amp.h"
 #include "polytrain/parallel/backend.h"
-#include "polytrain/trainer/checkpoint.h"
+#include "polytrain/checkpoint/checkpoint.h"
 #include "polytrain/trainer/experiment.h"
-#include "polytrain/trainer/lr_schedule.h"
+#include "polytrain/optim/lr_schedule.h"
 #include "polytrain/trainer/metrics.h"
 
 namespace polytrain {
@@ -380,42 +380,55 @@ void Trainer::resume(torch::nn::Module& model, SampleStream& stream) {
 StepResult Trainer::train_step(torch::nn::Module& model, const BatchSource& data, SampleStream& stream,
                                const StepRequest& request, double* loss) {
   Backend& b = *backend_;
-  const c10::Device device = b.context().device;
-  const int64_t readers = b.data_shard().members;
-  const double per_step = static_cast<double>(b.samples_per_step());
-  at::Tensor loss_sum;  // sum over micro-batches of (mean loss x samples), on the device: read once per step
-  int64_t m = 0, samples = 0;
-  for (int64_t n; (n = b.next_micro_batch(m, samples)) > 0; ++m) {
-    auto t0 = Clock::now();
-    const auto draw = stream.next(step_, samples * readers, n);
-    epoch_ = draw.epoch;
-    Batch batch = data.make_batch(draw.indices, draw.epoch).to(device);
-    ModelOutput out;
-    {
-      auto autocast = maybe_autocast(autocast_, device);
-      out = forward_step(batch, model);
+  // The loop's side of the backend's micro-batch schedule: data, forward_step, loss bookkeeping.
+  struct Runner final : MicroBatchRunner {
+    Trainer& t;
+    torch::nn::Module& model;
+    const BatchSource& data;
+    SampleStream& stream;
+    const StepRequest& request;
+    c10::Device device;
+    int64_t readers;
+    double per_step;
+    at::Tensor loss_sum;  // sum over micro-batches of (mean loss x samples), on the device: read once per step
+    int64_t samples = 0;
+    double forward_ms = 0;
+    Runner(Trainer& t_, torch::nn::Module& m, const BatchSource& d, SampleStream& s, const StepRequest& r, Backend& b)
+        : t(t_), model(m), data(d), stream(s), request(r), device(b.context().device), readers(b.data_shard().members),
+          per_step(static_cast<double>(b.samples_per_step())) {}
+    at::Tensor forward(int64_t n) override {
+      const auto t0 = Clock::now();
+      const auto draw = stream.next(t.step_, samples * readers, n);
+      t.epoch_ = draw.epoch;
+      Batch batch = data.make_batch(draw.indices, draw.epoch).to(device);
+      ModelOutput out;
+      {
+        auto autocast = maybe_autocast(t.autocast_, device);
+        out = t.forward_step(batch, model);
+      }
+      cast_outputs(t.output_cast_, out);
+      PT_CHECK(out.loss.defined(), "forward_step returned no loss");
+      at::Tensor scaled = out.loss;
+      if (request.loss_scale != 1.0) scaled = scaled.to(torch::kFloat) * request.loss_scale;  // a power of 2: exact
+      auto weighted = out.loss.detach().to(torch::kDouble) * static_cast<double>(n);
+      loss_sum = loss_sum.defined() ? loss_sum + weighted : weighted;
+      samples += n;
+      forward_ms += ms_since(t0);
+      return scaled / (per_step / static_cast<double>(n));
     }
-    cast_outputs(output_cast_, out);
-    PT_CHECK(out.loss.defined(), "forward_step returned no loss");
-    interval_ms_[1] += ms_since(t0);
-    t0 = Clock::now();
-    at::Tensor scaled = out.loss;
-    if (request.loss_scale != 1.0) scaled = scaled.to(torch::kFloat) * request.loss_scale;  // a power of 2: exact
-    const bool last = b.next_micro_batch(m + 1, samples + n) == 0;
-    b.backward(scaled / (per_step / static_cast<double>(n)), MicroStep{n, last});
-    interval_ms_[2] += ms_since(t0);
-    auto weighted = out.loss.detach().to(torch::kDouble) * static_cast<double>(n);
-    loss_sum = loss_sum.defined() ? loss_sum + weighted : weighted;
-    samples += n;
-  }
-  PT_CHECK(samples > 0, b.name(), " asked for no micro-batch in step ", step_ + 1);
+  } runner(*this, model, data, stream, request, b);
+  const auto t_mb = Clock::now();
+  b.run_micro_batches(runner);
+  interval_ms_[1] += runner.forward_ms;
+  interval_ms_[2] += ms_since(t_mb) - runner.forward_ms;  // the backwards (and a schedule's waits)
+  PT_CHECK(runner.samples > 0, b.name(), " asked for no micro-batch in step ", step_ + 1);
   // The step's host syncs on a GPU: this read of the loss (once the backward is queued) and
   // the gradient norm in b.step; the next batch is made and copied while the update runs.
-  const double loss_total = loss_sum.item<double>();
+  const double loss_total = runner.loss_sum.item<double>();
   const auto t0 = Clock::now();
   const StepResult r = b.step(request, step_);
   interval_ms_[3] += ms_since(t0);
-  *loss = b.reduce_metric(loss_total / static_cast<double>(samples));
+  *loss = b.reduce_metric(loss_total / static_cast<double>(runner.samples));
   return r;
 }
 

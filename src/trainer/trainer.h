@@ -16,7 +16,7 @@
 #include "polytrain/data/batch.h"
 #include "polytrain/data/batch_source.h"
 #include "polytrain/models/model_output.h"
-#include "polytrain/trainer/loss_scaler.h"
+#include "polytrain/optim/loss_scaler.h"
 
 namespace polytrain {
 

@@ -17,7 +17,7 @@
 #include "polytrain/common/error.h"
 #include "helpers/process.h"
 #include "polytrain/models/hf_pretrained.h"
-#include "polytrain/models/safetensors.h"
+#include "polytrain/checkpoint/safetensors.h"
 
 namespace polytrain::testing {
 

@@ -3,7 +3,7 @@
 
 #include "polytrain/common/dist_env.h"
 #include "polytrain/common/error.h"
-#include "polytrain/trainer/optimizers.h"
+#include "polytrain/optim/optimizers.h"
 
 namespace polytrain {
 

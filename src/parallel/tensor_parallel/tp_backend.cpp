@@ -9,8 +9,8 @@
 #include "polytrain/common/error.h"
 #include "polytrain/parallel/comm/rank_ops.h"
 #include "polytrain/parallel/tensor_parallel/tp_transform.h"
-#include "polytrain/trainer/checkpoint.h"
-#include "polytrain/trainer/optimizers.h"
+#include "polytrain/checkpoint/checkpoint.h"
+#include "polytrain/optim/optimizers.h"
 
 namespace polytrain {
 

@@ -28,10 +28,10 @@
 #include "polytrain/parallel/tensor_parallel/tp_transform.h"
 #include "polytrain/parallel/universal_state.h"
 #include "polytrain/parallel/update.h"
-#include "polytrain/trainer/checkpoint.h"
-#include "polytrain/trainer/cpu_adam.h"
-#include "polytrain/trainer/optimizer_registry.h"
-#include "polytrain/trainer/optimizers.h"
+#include "polytrain/checkpoint/checkpoint.h"
+#include "polytrain/optim/cpu_adam.h"
+#include "polytrain/optim/optimizer_registry.h"
+#include "polytrain/optim/optimizers.h"
 
 namespace polytrain {
 

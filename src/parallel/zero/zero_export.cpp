@@ -3,7 +3,7 @@
 #include "polytrain/parallel/zero/zero_export.h"
 
 #include "polytrain/parallel/universal_state.h"
-#include "polytrain/trainer/checkpoint.h"
+#include "polytrain/checkpoint/checkpoint.h"
 
 namespace polytrain {
 

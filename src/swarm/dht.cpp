@@ -1,5 +1,5 @@
 // The only translation unit that includes <opendht.h> (about 8 s and 400 MB to compile).
-#include "polytrain/parallel/hivemind/dht.h"
+#include "polytrain/swarm/dht.h"
 
 #include <opendht.h>
 #include <opendht/default_types.h>

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "polytrain/parallel/hivemind/record.h"
+#include "polytrain/swarm/record.h"
 
 namespace polytrain::hivemind {
 

@@ -8,7 +8,7 @@
 //      atomically replaces <dir>/latest and removes the aside copy; barrier.
 // A kill before the rename leaves `latest` naming the previous, complete checkpoint; a folder
 // without complete.json is never loaded.
-#include "polytrain/trainer/checkpoint.h"
+#include "polytrain/checkpoint/checkpoint.h"
 
 #include <unistd.h>
 
@@ -23,8 +23,8 @@
 #include "polytrain/common/crc32c.h"
 #include "polytrain/common/error.h"
 #include "polytrain/common/fault.h"
-#include "polytrain/trainer/archive_codec.h"
-#include "polytrain/trainer/checkpoint_marker.h"
+#include "polytrain/checkpoint/archive_codec.h"
+#include "polytrain/checkpoint/checkpoint_marker.h"
 
 namespace polytrain {
 

@@ -1,6 +1,6 @@
 // HivemindBackend: DHT node, progress tracker, matchmaker and averager of one swarm peer,
 // driven by the Trainer loop through the Backend interface.
-#include "polytrain/parallel/hivemind/backend/hivemind_backend.h"
+#include "polytrain/parallel/hivemind/hivemind_backend.h"
 
 #include <algorithm>
 #include <cmath>
@@ -15,16 +15,16 @@
 
 #include "polytrain/common/error.h"
 #include "polytrain/data/sample_order.h"
-#include "polytrain/parallel/hivemind/butterfly.h"
-#include "polytrain/parallel/hivemind/dht.h"
-#include "polytrain/parallel/hivemind/matchmaking.h"
-#include "polytrain/parallel/hivemind/metrics.h"
-#include "polytrain/parallel/hivemind/progress.h"
-#include "polytrain/parallel/hivemind/record.h"
-#include "polytrain/parallel/hivemind/state.h"
-#include "polytrain/trainer/archive_codec.h"
-#include "polytrain/trainer/checkpoint.h"
-#include "polytrain/trainer/optimizers.h"
+#include "polytrain/swarm/butterfly.h"
+#include "polytrain/swarm/dht.h"
+#include "polytrain/swarm/matchmaking.h"
+#include "polytrain/swarm/metrics.h"
+#include "polytrain/swarm/progress.h"
+#include "polytrain/swarm/record.h"
+#include "polytrain/swarm/state.h"
+#include "polytrain/checkpoint/archive_codec.h"
+#include "polytrain/checkpoint/checkpoint.h"
+#include "polytrain/optim/optimizers.h"
 
 namespace polytrain {
 

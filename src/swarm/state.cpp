@@ -1,4 +1,4 @@
-#include "polytrain/parallel/hivemind/state.h"
+#include "polytrain/swarm/state.h"
 
 #include <sodium.h>
 
@@ -13,8 +13,8 @@
 
 #include "polytrain/common/crc32c.h"
 #include "polytrain/common/error.h"
-#include "polytrain/parallel/hivemind/dht.h"
-#include "polytrain/parallel/hivemind/record.h"
+#include "polytrain/swarm/dht.h"
+#include "polytrain/swarm/record.h"
 
 namespace polytrain::hivemind {
 namespace {

@@ -1,4 +1,4 @@
-#include "polytrain/parallel/hivemind/butterfly.h"
+#include "polytrain/swarm/butterfly.h"
 
 #include <algorithm>
 #include <cmath>

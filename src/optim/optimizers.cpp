@@ -2,7 +2,7 @@
 // (decay / no decay, or a backend's partitions) behind polytrain's Optimizer interface, with
 // state saved by parameter name; plus the LR and beta1 setters a schedule drives.
 // Golden values: scripts/gen_golden_optim.py (torch.optim 1.13 and torch_optimizer's LAMB).
-#include "polytrain/trainer/optimizers.h"
+#include "polytrain/optim/optimizers.h"
 
 #include <algorithm>
 #include <cctype>
@@ -16,11 +16,11 @@
 
 #include "polytrain/common/config.h"
 #include "polytrain/common/error.h"
-#include "polytrain/trainer/cpu_adam.h"
-#include "polytrain/trainer/lamb.h"
-#include "polytrain/trainer/multi_tensor_adam.h"
-#include "polytrain/trainer/optim_state_key.h"
-#include "polytrain/trainer/optimizer_registry.h"
+#include "polytrain/optim/cpu_adam.h"
+#include "polytrain/optim/lamb.h"
+#include "polytrain/optim/multi_tensor_adam.h"
+#include "polytrain/optim/optim_state_key.h"
+#include "polytrain/optim/optimizer_registry.h"
 
 namespace polytrain {
 namespace {

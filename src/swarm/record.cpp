@@ -1,4 +1,4 @@
-#include "polytrain/parallel/hivemind/record.h"
+#include "polytrain/swarm/record.h"
 
 #include <sodium.h>
 #include <sys/stat.h>

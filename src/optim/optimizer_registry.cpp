@@ -1,13 +1,13 @@
 // The registry table (see optimizer_registry.h).
-#include "polytrain/trainer/optimizer_registry.h"
+#include "polytrain/optim/optimizer_registry.h"
 
 #include <algorithm>
 #include <cctype>
 
 #include "polytrain/common/config.h"
 #include "polytrain/common/error.h"
-#include "polytrain/trainer/cpu_adam.h"
-#include "polytrain/trainer/optimizers.h"
+#include "polytrain/optim/cpu_adam.h"
+#include "polytrain/optim/optimizers.h"
 
 namespace polytrain {
 namespace {

@@ -1,6 +1,6 @@
 // LAMB's update and its (de)serialization, laid out like libtorch's adam.cpp so that
 // torch::serialize archives hold it the same way. Golden values: scripts/gen_golden_optim.py.
-#include "polytrain/trainer/lamb.h"
+#include "polytrain/optim/lamb.h"
 
 #include <cmath>
 #include <memory>
@@ -10,7 +10,7 @@
 
 #include <torch/torch.h>
 
-#include "polytrain/trainer/optim_state_key.h"
+#include "polytrain/optim/optim_state_key.h"
 
 namespace polytrain {
 

@@ -31,8 +31,8 @@
 #include <thread>
 #include <vector>
 
-#include "polytrain/parallel/hivemind/butterfly.h"
-#include "polytrain/parallel/hivemind/wire.h"
+#include "polytrain/swarm/butterfly.h"
+#include "polytrain/swarm/wire.h"
 
 namespace polytrain::hivemind {
 
@@ -67,7 +67,7 @@ struct StateSnapshot {
 /// state.pt: every parameter and buffer by name), the optimizer state (a checkpoint's
 /// shard_0.pt) and the peer's configuration (JSON). Byte-compatible with a checkpoint's files,
 /// so a monitor with no model writes a loadable checkpoint from it. Model and optimizer are
-/// safetensors-encoded archives (trainer/archive_codec.h): a newcomer validates and rebuilds
+/// safetensors-encoded archives (checkpoint/archive_codec.h): a newcomer validates and rebuilds
 /// them; libtorch's TorchScript reader never sees a donor's bytes.
 struct PeerState {
   int64_t epoch = 0;

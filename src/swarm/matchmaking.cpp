@@ -1,4 +1,4 @@
-#include "polytrain/parallel/hivemind/matchmaking.h"
+#include "polytrain/swarm/matchmaking.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,8 +6,8 @@
 #include <tuple>
 
 #include "polytrain/common/error.h"
-#include "polytrain/parallel/hivemind/dht.h"
-#include "polytrain/parallel/hivemind/record.h"
+#include "polytrain/swarm/dht.h"
+#include "polytrain/swarm/record.h"
 
 namespace polytrain::hivemind {
 namespace {

@@ -1,4 +1,4 @@
-#include "polytrain/parallel/hivemind/compression.h"
+#include "polytrain/swarm/compression.h"
 
 #include <immintrin.h>
 

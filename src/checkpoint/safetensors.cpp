@@ -1,7 +1,7 @@
 // safetensors writer and validating reader. The writer streams tensor bytes into
 // atomic_write_file; the reader preads each tensor straight into its CPU storage, so a file
 // is never held twice in memory. Assumes a little-endian host, as the format does.
-#include "polytrain/models/safetensors.h"
+#include "polytrain/checkpoint/safetensors.h"
 
 #include <ATen/ATen.h>
 #include <fcntl.h>

@@ -1,11 +1,11 @@
-// encode_archive / decode_archive (trainer/archive_codec.h).
+// encode_archive / decode_archive (checkpoint/archive_codec.h).
 //
 // The tree is a list of entries [key, kind, value(, device)] per archive, in the order the keys
 // were written: kind "archive" (value: the nested list), "tensor" (value: the tensor's name in
 // the safetensors data; a 4th element names a CUDA device it was on), "undefined" (an
 // undefined tensor), "int", "double" (value: a 0-d F64 tensor's name, exact for NaN and
 // infinities), "bool", "string", "strings" (a list of strings).
-#include "polytrain/trainer/archive_codec.h"
+#include "polytrain/checkpoint/archive_codec.h"
 
 #include <ATen/ATen.h>
 #include <torch/serialize/archive.h>
@@ -18,7 +18,7 @@
 #include <set>
 
 #include "polytrain/common/error.h"
-#include "polytrain/models/safetensors.h"
+#include "polytrain/checkpoint/safetensors.h"
 
 namespace polytrain {
 namespace {

@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "polytrain/parallel/hivemind/butterfly.h"
+#include "polytrain/swarm/butterfly.h"
 
 namespace polytrain::hivemind {
 

@@ -1,7 +1,7 @@
 // DeepSpeed's LR schedules (deepspeed/runtime/lr_schedules.py) as closed forms of the update
 // index; see lr_schedule.h for how the index maps to DeepSpeed's last_batch_iteration.
 // Golden values: scripts/gen_golden_lr.py -> tests/golden/lr_schedules.json.
-#include "polytrain/trainer/lr_schedule.h"
+#include "polytrain/optim/lr_schedule.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,14 +1,14 @@
-#include "polytrain/parallel/hivemind/progress.h"
+#include "polytrain/swarm/progress.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <msgpack.hpp>
 
-#include "polytrain/parallel/hivemind/msgpack_fields.h"
+#include "polytrain/swarm/msgpack_fields.h"
 
 #include "polytrain/common/error.h"
-#include "polytrain/parallel/hivemind/dht.h"
+#include "polytrain/swarm/dht.h"
 
 namespace polytrain::hivemind {
 

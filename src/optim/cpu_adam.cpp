@@ -17,7 +17,7 @@
 //
 // Also here: CpuAdam, the kernel behind polytrain's Optimizer interface for whole parameters,
 // saving its state as libtorch's AdamWParamState does so checkpoints move between the two.
-#include "polytrain/trainer/cpu_adam.h"
+#include "polytrain/optim/cpu_adam.h"
 
 #include <unistd.h>
 
@@ -48,7 +48,7 @@
 
 #include "polytrain/common/config.h"
 #include "polytrain/common/error.h"
-#include "polytrain/trainer/optimizers.h"
+#include "polytrain/optim/optimizers.h"
 
 namespace polytrain::cpu_adam {
 namespace {

@@ -1,13 +1,13 @@
-#include "polytrain/parallel/hivemind/metrics.h"
+#include "polytrain/swarm/metrics.h"
 
 #include <algorithm>
 #include <cmath>
 #include <msgpack.hpp>
 
-#include "polytrain/parallel/hivemind/msgpack_fields.h"
+#include "polytrain/swarm/msgpack_fields.h"
 
-#include "polytrain/parallel/hivemind/dht.h"
-#include "polytrain/parallel/hivemind/progress.h"
+#include "polytrain/swarm/dht.h"
+#include "polytrain/swarm/progress.h"
 
 namespace polytrain::hivemind {
 

@@ -11,7 +11,7 @@
 namespace polytrain {
 
 /// The marker's format_version this build writes and reads. 3: every .pt file is a
-/// safetensors-encoded archive (trainer/archive_codec.h); 2 had TorchScript archives.
+/// safetensors-encoded archive (checkpoint/archive_codec.h); 2 had TorchScript archives.
 inline constexpr int kCheckpointFormatVersion = 3;
 
 /// Checks `meta` (complete.json's parsed content; `marker` names the file in messages):

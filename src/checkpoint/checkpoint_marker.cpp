@@ -1,5 +1,5 @@
-// complete.json's schema (trainer/checkpoint_marker.h).
-#include "polytrain/trainer/checkpoint_marker.h"
+// complete.json's schema (checkpoint/checkpoint_marker.h).
+#include "polytrain/checkpoint/checkpoint_marker.h"
 
 #include <cstdint>
 

@@ -9,7 +9,7 @@
 // Two ways in: cpu_adam::step, the raw kernel over flat float arrays (what ZeRO's partition
 // optimizer calls), and make_cpu_adam, the kernel behind polytrain's Optimizer interface for
 // whole CPU parameters, with state saved in the same archive layout as libtorch's AdamW.
-// This header stays free of torch headers: include polytrain/trainer/optimizers.h to use the
+// This header stays free of torch headers: include polytrain/optim/optimizers.h to use the
 // Optimizer that make_cpu_adam returns.
 #pragma once
 

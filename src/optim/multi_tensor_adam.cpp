@@ -1,4 +1,4 @@
-#include "polytrain/trainer/multi_tensor_adam.h"
+#include "polytrain/optim/multi_tensor_adam.h"
 
 #include <cmath>
 #include <map>
@@ -8,7 +8,7 @@
 #include <torch/version.h>
 
 #include "polytrain/common/error.h"
-#include "polytrain/trainer/optim_state_key.h"
+#include "polytrain/optim/optim_state_key.h"
 
 namespace polytrain {
 

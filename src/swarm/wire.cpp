@@ -1,4 +1,4 @@
-#include "polytrain/parallel/hivemind/wire.h"
+#include "polytrain/swarm/wire.h"
 
 #include <sys/socket.h>
 
@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "polytrain/common/error.h"
-#include "polytrain/parallel/hivemind/dht.h"
+#include "polytrain/swarm/dht.h"
 
 namespace polytrain::hivemind {
 

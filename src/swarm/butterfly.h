@@ -26,8 +26,8 @@
 #include <string>
 #include <vector>
 
-#include "polytrain/parallel/hivemind/compression.h"
-#include "polytrain/parallel/hivemind/wire.h"
+#include "polytrain/swarm/compression.h"
+#include "polytrain/swarm/wire.h"
 
 namespace polytrain::hivemind {
 

@@ -1,4 +1,4 @@
-#include "polytrain/trainer/loss_scaler.h"
+#include "polytrain/optim/loss_scaler.h"
 
 #include <cmath>
 
