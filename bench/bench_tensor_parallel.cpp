@@ -32,7 +32,7 @@
 #include "polytrain/models/gpt2.h"
 #include "polytrain/parallel/comm/counting_communicator.h"
 #include "polytrain/parallel/comm/gloo_communicator.h"
-#include "polytrain/parallel/tensor_parallel/tp_backend.h"
+#include "polytrain/parallel/ddp/ddp_backend.h"
 #include "../tests/helpers/free_port.h"  // a port the kernel says is free
 
 using namespace polytrain;
@@ -73,7 +73,7 @@ RankResult run_rank(int rank, int p, int port, int steps) {
   Config cfg = config_from_json(doc, "bench", p);
   auto world = std::make_unique<CountingCommunicator>(
       make_gloo_communicator(rank, p, "127.0.0.1", port, std::chrono::seconds(120)));
-  TensorParallelBackend backend(cfg, std::move(world));
+  DdpBackend backend(cfg, std::move(world));
   auto& tp = dynamic_cast<CountingCommunicator&>(backend.tp_group());
   torch::manual_seed(1);
   Gpt2Config mc;

@@ -25,7 +25,7 @@
 #include "polytrain/models/tp_layers.h"
 #include "polytrain/parallel/backend.h"
 #include "polytrain/parallel/comm/gloo_communicator.h"
-#include "polytrain/parallel/tensor_parallel/tp_backend.h"
+#include "polytrain/parallel/ddp/ddp_backend.h"
 #include "polytrain/parallel/tensor_parallel/tp_plan.h"
 #include "polytrain/parallel/tensor_parallel/tp_region.h"
 #include "polytrain/parallel/universal_state.h"
@@ -538,7 +538,7 @@ TEST(TpExport, Gpt2TrainedAtTp2LoadsAtTp1AndTp4WithTheSameLogits) {
     expect_ranks_pass(run_ranks(2, std::chrono::seconds(300), [&](int rank) {
       Config cfg = run_config(run, TpRun{2, 2, 5});
       FamilyTrainer trainer(cfg, "gpt2");
-      trainer.set_backend(std::make_unique<TensorParallelBackend>(cfg, gloo(rank, 2, port)));
+      trainer.set_backend(std::make_unique<DdpBackend>(cfg, gloo(rank, 2, port)));
       auto model = make_model("gpt2", 0.0);
       TokenSource data("gpt2", 64);
       trainer.train(model, data);
@@ -555,7 +555,7 @@ TEST(TpExport, Gpt2TrainedAtTp2LoadsAtTp1AndTp4WithTheSameLogits) {
     std::fflush(nullptr);
     expect_ranks_pass(run_ranks(p, std::chrono::seconds(120), [&](int rank) {
       Config cfg = run_config(tmp.path / "load", TpRun{p, p, 1});
-      TensorParallelBackend backend(cfg, gloo(rank, p, port));
+      DdpBackend backend(cfg, gloo(rank, p, port));
       auto model = Gpt2LMHeadModelImpl::from_pretrained(hf.string());
       backend.prepare(model, cfg);
       model->eval();

@@ -8,7 +8,6 @@
 #include "polytrain/parallel/parallel_dims.h"
 #include "polytrain/parallel/replicated_backend.h"
 #include "polytrain/parallel/single/single_backend.h"
-#include "polytrain/parallel/tensor_parallel/tp_backend.h"
 #include "polytrain/parallel/zero/zero_backend.h"
 #if POLYTRAIN_WITH_HIVEMIND
 #include "polytrain/parallel/hivemind/hivemind_backend.h"
@@ -36,7 +35,6 @@ std::unique_ptr<Backend> make_backend(const Config& cfg, std::unique_ptr<Communi
   const ParallelDims dims = resolve_parallel_dims(cfg, world->size());
   switch (dims.strategy) {
     case DpStrategy::kReplicate:  // DDP's bucketed all-reduce, after the TP transform when tp > 1
-      if (dims.tp_enabled()) return std::make_unique<TensorParallelBackend>(cfg, std::move(world));
       return std::make_unique<DdpBackend>(cfg, std::move(world));
     case DpStrategy::kZero:  // ZeRO-1/2 over the dp group, after the TP transform when tp > 1
       return std::make_unique<ZeroBackend>(cfg, std::move(world));

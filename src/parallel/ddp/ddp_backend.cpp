@@ -5,21 +5,45 @@
 #include <chrono>
 
 #include <torch/nn/module.h>
+#include <torch/serialize/archive.h>
 #include <torch/torch.h>
 
 #include "polytrain/common/error.h"
 #include "polytrain/common/fault.h"
+#include "polytrain/checkpoint/checkpoint.h"
 #include "polytrain/parallel/comm/rank_ops.h"
+#include "polytrain/parallel/parallel_dims.h"
+#include "polytrain/parallel/process_grid.h"
+#include "polytrain/parallel/tensor_parallel/tp_transform.h"
 
 namespace polytrain {
 
 using detail::cat;
 
-DdpBackend::DdpBackend(const Config& cfg, std::unique_ptr<Communicator> comm)
-    : ReplicatedBackend(cfg), comm_(std::move(comm)) {
+DdpBackend::DdpBackend(const Config& cfg, std::unique_ptr<Communicator> world)
+    : ReplicatedBackend(cfg), comm_(std::move(world)) {
   const auto& t = cfg.trainer;
   if (!comm_) comm_ = world_communicator(t, ctx_.device);
+  // Every compatibility check, as env_type pytorchDDP unless the grid is deepspeed+mpu's.
+  Config as_ddp = cfg;
+  if (t.env_type != "deepspeed+mpu") as_ddp.trainer.env_type = "pytorchDDP";
+  const ParallelDims dims = resolve_parallel_dims(as_ddp, comm_->size());
+  PT_INPUT_CHECK(dims.strategy == DpStrategy::kReplicate, "zero_optimization.stage ", dims.zero_stage,
+                 " partitions the optimizer: ZeroBackend runs it (make_backend picks it), not DdpBackend");
   set_data_parallel_context(ctx_, *comm_);
+  if (dims.tp > 1) {
+    name_ = t.env_type;
+    world_ = std::move(comm_);
+    ProcessGroups pg = make_process_groups(*world_, dims.tp);
+    tp_group_ = std::move(pg.tp_group);
+    comm_ = std::move(pg.dp_group);
+    ctx_.tp_rank = pg.coord.tp_rank;
+    ctx_.tp_size = pg.shape.tp;
+    ctx_.dp_rank = pg.coord.dp_rank;
+    ctx_.dp_size = pg.shape.dp;
+    tp_transform_ = std::make_unique<TensorParallelTransform>(*tp_group_, t.seed, ctx_.device, name_);
+    tp_split_ = tp_transform_.get();
+  }
   bucket_bytes_ = t.reduce_bucket_size;
   overlap_ = t.overlap_comm;
   find_unused_ = t.find_unused_parameters;
@@ -30,6 +54,7 @@ DdpBackend::~DdpBackend() {
 }
 
 void DdpBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Config& cfg) {
+  if (tp_transform_) tp_transform_->apply(*model);  // the model transform first: buckets hold this rank's parts
   // Every rank starts from rank 0's weights, broadcast before build() so that amp's fp32
   // master weights are copies of rank 0's too.
   model->to(ctx_.device);
@@ -39,6 +64,47 @@ void DdpBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Config&
     if (overlap_) launch(b);
   });
   work_.resize(buckets_->size());
+  if (tp_transform_) {
+    // The norm: every TP rank counts its parts of split parameters; replicated ones (identical
+    // on every TP rank) count on TP rank 0 only; the sum runs over the TP group.
+    norm_params_.emplace();
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (tp_transform_->counts_toward_norm(names_[i])) norm_params_->push_back(params_[i]);
+    norm_reduce_ = [this](double local) { return tp_transform_->sum(local); };
+  }
+}
+
+NamedTensors DdpBackend::full_state(torch::nn::Module& model) {
+  NamedTensors state = state_with_masters(model);
+  if (tp_transform_) tp_transform_->gather(state);
+  return state;
+}
+
+void DdpBackend::load_full_state(torch::nn::Module& model, const NamedTensors& state, const std::string& origin) {
+  const NamedTensors mine = tp_transform_ ? tp_transform_->slice(state, origin) : state;
+  load_module_state(model, mine, origin);
+  load_masters(mine);
+}
+
+void DdpBackend::save_shard(torch::serialize::OutputArchive& archive) {
+  ReplicatedBackend::save_shard(archive);  // the universal layout: this TP rank's parts
+  if (tp_transform_) tp_transform_->save_rng(archive);
+}
+
+void DdpBackend::load_shards(ShardReader& reader) {
+  ReplicatedBackend::load_shards(reader);  // any grid's checkpoint, sliced to this TP rank's parts
+  // This TP rank's dropout stream when the checkpoint has the same TP size (its shard is named
+  // by the global rank (tp_rank, dp_rank 0) = tp_rank); at another size it starts from its seed.
+  if (!tp_transform_) return;
+  const int64_t saved_tp = reader.saved_grid().value("tp", int64_t{1});
+  if (saved_tp == ctx_.tp_size && reader.has_shard(ctx_.tp_rank))
+    reader.read_shard(ctx_.tp_rank, [&](torch::serialize::InputArchive& a, const std::string&) {
+      tp_transform_->load_rng(a);
+    });
+}
+
+void DdpBackend::release_model(torch::nn::Module& model) {
+  if (tp_transform_) tp_transform_->release(model);
 }
 
 void DdpBackend::backward(const at::Tensor& loss, const MicroStep& m) {

@@ -1,5 +1,7 @@
-// env_type=pytorchDDP: every rank holds the whole model; gradients are averaged over ranks
-// every optimizer step. Gradients live in GradBuckets (flat buffers the .grad tensors are views
+// env_type=pytorchDDP (and deepspeed+mpu at zero_optimization.stage 0): every rank of the dp
+// group holds the whole model, or with trainer.model_parallel_size > 1 its tensor-parallel part
+// of it (the TP transform, tp_transform.h, applied first: Megatron's DDP over the ranks holding
+// the same part); gradients are averaged over the dp group every optimizer step. Gradients live in GradBuckets (flat buffers the .grad tensors are views
 // of); when the last gradient of a bucket is in during the boundary micro-step's backward,
 // that bucket's async all_reduce starts, so communication overlaps the rest of backward
 // (PyTorch DDP's Reducer design). Micro-steps before the boundary communicate nothing.
@@ -14,18 +16,30 @@
 
 namespace polytrain {
 
+class TensorParallelTransform;
+
 class DdpBackend : public ReplicatedBackend {
  public:
-  /// Uses `comm` when given (tests), else the communicator of the launcher's environment.
-  explicit DdpBackend(const Config& cfg, std::unique_ptr<Communicator> comm = nullptr);
+  /// Uses `world` when given (tests), else the communicator of the launcher's environment. With
+  /// trainer.model_parallel_size > 1 the world is split into the TP x DP grid.
+  explicit DdpBackend(const Config& cfg, std::unique_ptr<Communicator> world = nullptr);
   ~DdpBackend() override;
-  std::string name() const override { return "pytorchDDP"; }
+  std::string name() const override { return name_; }
   void prepare(std::shared_ptr<torch::nn::Module> model, const Config& cfg) override;
   void backward(const at::Tensor& loss, const MicroStep& m) override;
   StepResult step(const StepRequest& request, int64_t step) override;
   double reduce_metric(double local_value) override;
-  void barrier() override { comm_->barrier(); }
+  void barrier() override { world().barrier(); }
   std::string share(const std::string& value) override;
+  NamedTensors full_state(torch::nn::Module& model) override;
+  void load_full_state(torch::nn::Module& model, const NamedTensors& state, const std::string& origin) override;
+  bool writes_shard() const override { return ctx_.dp_rank == 0; }
+  void save_shard(torch::serialize::OutputArchive& archive) override;
+  void load_shards(ShardReader& reader) override;
+  void release_model(torch::nn::Module& model) override;
+
+  /// The tensor-parallel group (this rank alone when tp is 1).
+  Communicator& tp_group() { return tp_group_ ? *tp_group_ : *comm_; }
 
   size_t bucket_count() const { return buckets_ ? buckets_->size() : 0; }
   /// Seconds step() spent waiting for all-reduces not yet finished (exposed communication).
@@ -33,8 +47,13 @@ class DdpBackend : public ReplicatedBackend {
 
  private:
   void launch(size_t bucket);
+  Communicator& world() { return world_ ? *world_ : *comm_; }
 
-  std::unique_ptr<Communicator> comm_;
+  std::string name_ = "pytorchDDP";
+  std::unique_ptr<Communicator> world_;      ///< the whole grid (null at TP 1: comm_ is the world)
+  std::unique_ptr<Communicator> tp_group_;
+  std::unique_ptr<TensorParallelTransform> tp_transform_;  ///< TP > 1: the model transform applied first
+  std::unique_ptr<Communicator> comm_;       ///< the data-parallel group gradients are averaged over
   int64_t bucket_bytes_ = 25000000;
   bool overlap_ = true;
   bool find_unused_ = false;
