@@ -252,24 +252,39 @@ int64_t ZeroBackend::next_micro_batch(int64_t micro_steps_done, int64_t /*sample
   return micro_steps_done < accumulation_ ? micro_ : 0;
 }
 
-void ZeroBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Config& cfg) {
-  const OptimizerEntry& opt = optimizer_entry(cfg.optimizer.type);
-  PT_INPUT_CHECK(opt.shardable, "optimizer.type '", cfg.optimizer.type, "' cannot be sharded by env_type ", name_,
+// Phase 0: ZeRO partitions the optimizer's state by element; what cannot be is refused.
+void ZeroBackend::check_optimizer(const OptimizerConfig& o) const {
+  const OptimizerEntry& opt = optimizer_entry(o.type);
+  PT_INPUT_CHECK(opt.shardable, "optimizer.type '", o.type, "' cannot be sharded by env_type ", name_,
                  " (ZeRO partitions optimizer state by element; ", opt.not_shardable_because,
                  "): use Adam/AdamW, or zero_optimization.stage 0 / env_type pytorchDDP");
-  PT_INPUT_CHECK(!cfg.optimizer.amsgrad, "optimizer.params.amsgrad is not supported by env_type deepspeed");
-  PT_INPUT_CHECK(cfg.optimizer.lr >= 0, "optimizer.params.lr must be >= 0, got ", cfg.optimizer.lr);
-  PT_INPUT_CHECK(cfg.optimizer.beta1 >= 0 && cfg.optimizer.beta1 < 1 && cfg.optimizer.beta2 >= 0 &&
-                     cfg.optimizer.beta2 < 1,
-                 "optimizer.params.betas must be in [0, 1), got [", cfg.optimizer.beta1, ", ", cfg.optimizer.beta2, "]");
+  PT_INPUT_CHECK(!o.amsgrad, "optimizer.params.amsgrad is not supported by env_type deepspeed");
+  PT_INPUT_CHECK(o.lr >= 0, "optimizer.params.lr must be >= 0, got ", o.lr);
+  PT_INPUT_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1,
+                 "optimizer.params.betas must be in [0, 1), got [", o.beta1, ", ", o.beta2, "]");
+}
+
+// The job in order: the optimizer check, the model transform (TP), every dp rank from dp rank
+// 0's weights, the trainable parameters by group, the flat partitioned buffers and the
+// optimizer over the owned partitions, the norm's views, the gradient buckets.
+void ZeroBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Config& cfg) {
+  check_optimizer(cfg.optimizer);
   model_ = std::move(model);
   if (tp_) tp_->apply(*model_);  // the model transform first: ZeRO partitions this rank's parts
   model_->to(ctx_.device);
   broadcast_module_state(*comm_, *model_);  // every dp rank starts from dp rank 0's weights
 
+  const std::vector<ParamGroup> split = collect_params(cfg.optimizer);
+  build_partitions(cfg.optimizer, split);
+  build_norm_views();
+  build_buckets();
+}
+
+// Phase 1: the trainable parameters in registration order, each with its group and place in it.
+std::vector<ParamGroup> ZeroBackend::collect_params(const OptimizerConfig& o) {
   NamedParams named;
   for (const auto& item : model_->named_parameters(/*recurse=*/true)) named.emplace_back(item.key(), item.value());
-  std::vector<ParamGroup> split = split_by_decay(cfg.optimizer, named);
+  std::vector<ParamGroup> split = split_by_decay(o, named);
   // Registration order over the groups (split_by_decay keeps it within each group).
   std::map<const void*, std::pair<size_t, size_t>> where;
   for (size_t g = 0; g < split.size(); ++g)
@@ -285,6 +300,14 @@ void ZeroBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Config
     group_of_.push_back(it->second.first);
     entry_of_.push_back(it->second.second);
   }
+  return split;
+}
+
+// Phase 2: per group one flat buffer the parameters become views of, padded and split into
+// partitions; this rank's master weights, moments and gradient for its partition; the
+// optimizer over them.
+void ZeroBackend::build_partitions(const OptimizerConfig& o, const std::vector<ParamGroup>& split) {
+  const at::ScalarType dtype = params_.front().scalar_type();
   const bool half = dtype == at::kBFloat16 || dtype == at::kHalf;
   PT_INPUT_CHECK(dtype == at::kFloat || half, "env_type deepspeed: parameters of dtype ", c10::toString(dtype),
                  " are not supported (float, bfloat16, half)");
@@ -342,9 +365,13 @@ void ZeroBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Config
                                         grp->master_is_view, grp->weight_decay});
     groups_.push_back(std::move(grp));
   }
-  optimizer_ = std::make_unique<PartitionAdam>(cfg.optimizer, std::move(slots));
-  build_norm_views();
+  optimizer_ = std::make_unique<PartitionAdam>(o, std::move(slots));
 
+}
+
+// Phase 3: the gradient buckets, stage 2's reduce buffers and the hooks that launch them.
+void ZeroBackend::build_buckets() {
+  const auto dev = torch::TensorOptions().dtype(params_.front().scalar_type()).device(ctx_.device);
   // Buckets in reverse registration order (roughly the order backward produces gradients),
   // about reduce_bucket_size elements each. Within a group, reverse registration order walks
   // its entries downward one by one, so each bucket covers one contiguous range per group.

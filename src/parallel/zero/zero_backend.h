@@ -35,6 +35,8 @@ namespace polytrain {
 
 class Optimizer;
 class TensorParallelTransform;
+struct OptimizerConfig;
+struct ParamGroup;
 struct ParallelDims;
 
 /// Bytes this rank holds for the training state, by the backend's own accounting.
@@ -106,7 +108,11 @@ class ZeroBackend : public Backend {
   void launch_remaining();
   void drain(size_t slot);
   void gather_params();
+  void check_optimizer(const OptimizerConfig& o) const;
+  std::vector<ParamGroup> collect_params(const OptimizerConfig& o);
+  void build_partitions(const OptimizerConfig& o, const std::vector<ParamGroup>& split);
   void build_norm_views();
+  void build_buckets();
   Communicator& world() { return world_ ? *world_ : *comm_; }
 
   std::string name_ = "deepspeed";
