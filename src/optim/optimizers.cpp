@@ -146,8 +146,9 @@ std::vector<ParamGroup> split_by_decay(const OptimizerConfig& cfg, const NamedPa
     PT_CHECK(tensor.defined(), "parameter '", name, "' is an undefined tensor");
     if (!tensor.requires_grad()) continue;
     if (!seen.insert(tensor.unsafeGetTensorImpl()).second) continue;
+    const std::string& param = name;  // a structured binding cannot be captured before C++20 (clang)
     const bool no_decay = std::any_of(cfg.no_decay.begin(), cfg.no_decay.end(), [&](const std::string& s) {
-      return !s.empty() && name.find(s) != std::string::npos;
+      return !s.empty() && param.find(s) != std::string::npos;
     });
     (no_decay ? exempt : decay).params.emplace_back(name, tensor);
   }
