@@ -162,11 +162,8 @@ std::map<std::string, PieceLayout> ReplicatedBackend::piece_layout() const {
   for (size_t i = 0; i < params_.size(); ++i) {
     PieceLayout l;
     l.local_shape = params_[i].sizes().vec();
-    l.whole_shape = l.local_shape;
-    if (const TpShardSpec* spec = tp_split_ ? tp_split_->spec(names_[i]) : nullptr) {
-      l.whole_shape[spec->dim] = spec->whole;
-      l.split = state_split(*spec, ctx_.tp_rank, ctx_.tp_size);
-    }
+    l.whole_shape = tp_split_ ? tp_split_->whole_shape(names_[i], l.local_shape) : l.local_shape;
+    if (tp_split_) l.split = tp_split_->split_of(names_[i]);
     out[names_[i]] = l;
   }
   return out;

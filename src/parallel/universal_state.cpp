@@ -60,6 +60,16 @@ void reopen(torch::serialize::OutputArchive& out, torch::serialize::InputArchive
   in.load_from(is);
 }
 
+// The optimizer's own archive (names + s<i>, optimizers.h), opened for reading; returns "names".
+c10::IValue open_optimizer_archive(const Optimizer& opt, torch::serialize::InputArchive& a) {
+  torch::serialize::OutputArchive saved;
+  opt.save(saved);
+  reopen(saved, a);
+  c10::IValue names;
+  a.read("names", names);
+  return names;
+}
+
 // One parameter being put together: per TP part, its flat statistics and coverage.
 struct Assembly {
   std::vector<int64_t> shape;
@@ -320,12 +330,8 @@ UniversalState read_universal_state(const ShardReader& reader) {
 }
 
 std::vector<StatePiece> optimizer_pieces(const Optimizer& opt, const std::map<std::string, PieceLayout>& layout) {
-  torch::serialize::OutputArchive saved;
-  opt.save(saved);
   torch::serialize::InputArchive a;
-  reopen(saved, a);
-  c10::IValue names;
-  a.read("names", names);
+  const c10::IValue names = open_optimizer_archive(opt, a);
   std::vector<StatePiece> out;
   size_t i = 0;
   for (const auto& n : names.toListRef()) {
@@ -359,12 +365,8 @@ std::vector<StatePiece> optimizer_pieces(const Optimizer& opt, const std::map<st
 void load_optimizer_state(Optimizer& opt, const UniversalState& state,
                           const std::map<std::string, const TpShardSpec*>& specs, int64_t tp_rank, int64_t tp_size,
                           const std::string& origin) {
-  torch::serialize::OutputArchive current;
-  opt.save(current);
   torch::serialize::InputArchive cur;
-  reopen(current, cur);
-  c10::IValue names;
-  cur.read("names", names);
+  const c10::IValue names = open_optimizer_archive(opt, cur);
   torch::serialize::OutputArchive built;
   size_t i = 0;
   for (const auto& n : names.toListRef()) {

@@ -13,7 +13,6 @@
 #include "polytrain/checkpoint/checkpoint.h"
 #include "polytrain/parallel/comm/rank_ops.h"
 #include "polytrain/parallel/parallel_dims.h"
-#include "polytrain/parallel/process_grid.h"
 #include "polytrain/parallel/tensor_parallel/tp_transform.h"
 
 namespace polytrain {
@@ -31,19 +30,13 @@ DdpBackend::DdpBackend(const Config& cfg, std::unique_ptr<Communicator> world)
   PT_INPUT_CHECK(dims.strategy == DpStrategy::kReplicate, "zero_optimization.stage ", dims.zero_stage,
                  " partitions the optimizer: ZeroBackend runs it (make_backend picks it), not DdpBackend");
   set_data_parallel_context(ctx_, *comm_);
-  if (dims.tp > 1) {
-    name_ = t.env_type;
-    world_ = std::move(comm_);
-    ProcessGroups pg = make_process_groups(*world_, dims.tp);
-    tp_group_ = std::move(pg.tp_group);
-    comm_ = std::move(pg.dp_group);
-    ctx_.tp_rank = pg.coord.tp_rank;
-    ctx_.tp_size = pg.shape.tp;
-    ctx_.dp_rank = pg.coord.dp_rank;
-    ctx_.dp_size = pg.shape.dp;
-    tp_transform_ = std::make_unique<TensorParallelTransform>(*tp_group_, t.seed, ctx_.device, name_);
-    tp_split_ = tp_transform_.get();
-  }
+  if (dims.tp > 1) name_ = t.env_type;
+  // tp > 1: gradients averaged over this rank's DP group, the TP transform over its TP group.
+  TpGrid grid = split_tp_grid(comm_, dims.tp, t.seed, name_, ctx_);
+  world_ = std::move(grid.world);
+  tp_group_ = std::move(grid.tp_group);
+  tp_transform_ = std::move(grid.transform);
+  tp_split_ = tp_transform_.get();
   bucket_bytes_ = t.reduce_bucket_size;
   overlap_ = t.overlap_comm;
   find_unused_ = t.find_unused_parameters;
@@ -93,14 +86,7 @@ void DdpBackend::save_shard(torch::serialize::OutputArchive& archive) {
 
 void DdpBackend::load_shards(ShardReader& reader) {
   ReplicatedBackend::load_shards(reader);  // any grid's checkpoint, sliced to this TP rank's parts
-  // This TP rank's dropout stream when the checkpoint has the same TP size (its shard is named
-  // by the global rank (tp_rank, dp_rank 0) = tp_rank); at another size it starts from its seed.
-  if (!tp_transform_) return;
-  const int64_t saved_tp = reader.saved_grid().value("tp", int64_t{1});
-  if (saved_tp == ctx_.tp_size && reader.has_shard(ctx_.tp_rank))
-    reader.read_shard(ctx_.tp_rank, [&](torch::serialize::InputArchive& a, const std::string&) {
-      tp_transform_->load_rng(a);
-    });
+  if (tp_transform_) tp_transform_->load_rng(reader);  // this TP rank's dropout stream
 }
 
 void DdpBackend::release_model(torch::nn::Module& model) {

@@ -10,6 +10,8 @@
 #include "polytrain/models/activation_checkpoint.h"
 #include "polytrain/parallel/comm/communicator.h"
 #include "polytrain/parallel/comm/rank_ops.h"
+#include "polytrain/checkpoint/checkpoint.h"
+#include "polytrain/parallel/process_grid.h"
 #include "polytrain/parallel/tensor_parallel/tp_plan.h"
 #include "polytrain/parallel/tensor_parallel/tp_region.h"
 
@@ -82,6 +84,37 @@ void TensorParallelTransform::load_rng(torch::serialize::InputArchive& archive) 
   if (!archive.try_read("tp_rng_state", rng)) return;  // saved at TP 1: the stream starts from its seed
   std::lock_guard<std::mutex> lock(generator_->mutex());
   generator_->set_state(rng);
+}
+
+std::vector<int64_t> TensorParallelTransform::whole_shape(const std::string& param, std::vector<int64_t> local_shape) const {
+  if (const TpShardSpec* s = spec(param)) local_shape[s->dim] = s->whole;
+  return local_shape;
+}
+
+StateSplit TensorParallelTransform::split_of(const std::string& param) const {
+  const TpShardSpec* s = spec(param);
+  return s ? state_split(*s, rank_, size_) : StateSplit{};
+}
+
+void TensorParallelTransform::load_rng(const ShardReader& reader) {
+  if (reader.saved_grid().value("tp", int64_t{1}) != size_ || !reader.has_shard(rank_)) return;
+  reader.read_shard(rank_, [&](torch::serialize::InputArchive& a, const std::string&) { load_rng(a); });
+}
+
+TpGrid split_tp_grid(std::unique_ptr<Communicator>& comm, int64_t tp, int64_t seed, const std::string& env_type,
+                     RankContext& ctx) {
+  TpGrid g;
+  if (tp <= 1) return g;
+  g.world = std::move(comm);
+  ProcessGroups pg = make_process_groups(*g.world, tp);
+  g.tp_group = std::move(pg.tp_group);
+  comm = std::move(pg.dp_group);
+  ctx.tp_rank = pg.coord.tp_rank;
+  ctx.tp_size = pg.shape.tp;
+  ctx.dp_rank = pg.coord.dp_rank;
+  ctx.dp_size = pg.shape.dp;
+  g.transform = std::make_unique<TensorParallelTransform>(*g.tp_group, seed, ctx.device, env_type);
+  return g;
 }
 
 }  // namespace polytrain

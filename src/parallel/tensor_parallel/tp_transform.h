@@ -15,10 +15,12 @@
 
 #include "polytrain/common/torch_fwd.h"
 #include "polytrain/parallel/backend.h"
+#include "polytrain/parallel/universal_state.h"
 
 namespace polytrain {
 
 class Communicator;
+class ShardReader;
 class TpSharding;
 class TensorParallelRegion;
 struct TpShardSpec;
@@ -53,9 +55,17 @@ class TensorParallelTransform {
   /// The model made whole again in place (collective).
   void release(torch::nn::Module& model);
 
+  /// The whole shape of `param` whose part here has `local_shape`.
+  std::vector<int64_t> whole_shape(const std::string& param, std::vector<int64_t> local_shape) const;
+  /// Where this rank's part of `param` sits in it (parts 1: replicated, the whole parameter).
+  StateSplit split_of(const std::string& param) const;
+
   /// The dropout stream of the split regions (per TP rank) into / out of a checkpoint shard.
   void save_rng(torch::serialize::OutputArchive& archive) const;
   void load_rng(torch::serialize::InputArchive& archive);
+  /// This TP rank's stream from a checkpoint saved at the same TP size (its shard is named by the
+  /// global rank (tp_rank, dp_rank 0) = tp_rank); at another size it starts from its seed.
+  void load_rng(const ShardReader& reader);
 
  private:
   Communicator& group_;
@@ -66,5 +76,17 @@ class TensorParallelTransform {
   std::shared_ptr<TensorParallelRegion> region_;
   std::unique_ptr<TpSharding> sharding_;
 };
+
+/// The TP x DP grid a data-parallel strategy runs on: with tp > 1 the world is split into TP
+/// groups (adjacent ranks) and DP groups, `comm` becomes this rank's DP group, `ctx` gets the
+/// grid coordinates and the TP transform is built over the TP group; with tp 1 nothing changes
+/// and the grid is empty.
+struct TpGrid {
+  std::unique_ptr<Communicator> world;     ///< null at tp 1 (the strategy's communicator is the world)
+  std::unique_ptr<Communicator> tp_group;
+  std::unique_ptr<TensorParallelTransform> transform;  ///< declared last: destroyed before its group
+};
+TpGrid split_tp_grid(std::unique_ptr<Communicator>& comm, int64_t tp, int64_t seed, const std::string& env_type,
+                     RankContext& ctx);
 
 }  // namespace polytrain

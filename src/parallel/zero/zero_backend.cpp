@@ -22,7 +22,6 @@
 #include "polytrain/common/error.h"
 #include "polytrain/parallel/comm/rank_ops.h"
 #include "polytrain/parallel/parallel_dims.h"
-#include "polytrain/parallel/process_grid.h"
 #include "polytrain/parallel/replicated_backend.h"
 #include "polytrain/parallel/tensor_parallel/tp_plan.h"
 #include "polytrain/parallel/tensor_parallel/tp_transform.h"
@@ -224,19 +223,11 @@ ZeroBackend::ZeroBackend(const Config& cfg, std::unique_ptr<Communicator> world)
   global_batch_ = cfg.batch.train_batch_size;
   clip_ = cfg.gradient_clipping;
   set_data_parallel_context(ctx_, *comm_);
-  if (dims.tp > 1) {
-    // The grid: the world split into TP groups (adjacent ranks) and DP groups; ZeRO runs over
-    // this rank's DP group, the TP transform over its TP group.
-    world_ = std::move(comm_);
-    ProcessGroups pg = make_process_groups(*world_, dims.tp);
-    tp_group_ = std::move(pg.tp_group);
-    comm_ = std::move(pg.dp_group);
-    ctx_.tp_rank = pg.coord.tp_rank;
-    ctx_.tp_size = pg.shape.tp;
-    ctx_.dp_rank = pg.coord.dp_rank;
-    ctx_.dp_size = pg.shape.dp;
-    tp_ = std::make_unique<TensorParallelTransform>(*tp_group_, t.seed, ctx_.device, name_);
-  }
+  // tp > 1: ZeRO runs over this rank's DP group, the TP transform over its TP group.
+  TpGrid grid = split_tp_grid(comm_, dims.tp, t.seed, name_, ctx_);
+  world_ = std::move(grid.world);
+  tp_group_ = std::move(grid.tp_group);
+  tp_ = std::move(grid.transform);
   owners_ = stage_ == 0 ? 1 : ctx_.dp_size;
   owner_ = stage_ == 0 ? 0 : ctx_.dp_rank;
 }
@@ -632,12 +623,9 @@ void ZeroBackend::save_shard(torch::serialize::OutputArchive& archive) {
   for (size_t i = 0; i < s.names.size(); ++i) {
     StatePiece p;
     p.name = s.names[i];
-    p.whole_shape = s.shapes[i];
-    const TpShardSpec* spec = tp_ ? tp_->spec(p.name) : nullptr;
-    if (spec) {
-      p.whole_shape[spec->dim] = spec->whole;
-      p.split = state_split(*spec, ctx_.tp_rank, ctx_.tp_size);
-    } else if (ctx_.tp_rank != 0) {  // a replicated parameter: every TP rank holds the same state, rank 0 saves it
+    p.whole_shape = tp_ ? tp_->whole_shape(p.name, s.shapes[i]) : s.shapes[i];
+    if (tp_) p.split = tp_->split_of(p.name);
+    if (p.split.parts == 1 && ctx_.tp_rank != 0) {  // a replicated parameter: every TP rank holds the same state, rank 0 saves it
       off += s.lengths[i];
       continue;
     }
@@ -661,9 +649,7 @@ void ZeroBackend::load_shards(ShardReader& reader) {
                  reader.env_type(), "' in its own format (not the universal layout); resume with env_type '",
                  reader.env_type(), "', or start from the model weights alone (--init_from)");
   const UniversalState state = read_universal_state(reader);
-  const int64_t saved_tp = reader.saved_grid().value("tp", int64_t{1});
-  if (tp_ && saved_tp == ctx_.tp_size && reader.has_shard(ctx_.tp_rank))  // this TP rank's dropout stream
-    reader.read_shard(ctx_.tp_rank, [&](torch::serialize::InputArchive& a, const std::string&) { tp_->load_rng(a); });
+  if (tp_) tp_->load_rng(reader);  // this TP rank's dropout stream
   std::set<std::string> mine;
   torch::NoGradGuard no_grad;
   for (auto& g : groups_) {
@@ -675,8 +661,7 @@ void ZeroBackend::load_shards(ShardReader& reader) {
       const ParamState* ps = state.find(en.name);
       PT_INPUT_CHECK(ps, reader.origin(), ": no optimizer state for parameter '", en.name, "' (saved from another model?)");
       const TpShardSpec* spec = tp_ ? tp_->spec(en.name) : nullptr;
-      std::vector<int64_t> whole = en.shape;
-      if (spec) whole[spec->dim] = spec->whole;
+      const std::vector<int64_t> whole = tp_ ? tp_->whole_shape(en.name, en.shape) : en.shape;
       PT_INPUT_CHECK(ps->shape == whole, reader.origin(), ": parameter '", en.name, "' saved with shape ",
                      c10::IntArrayRef(ps->shape), ", the model has ", c10::IntArrayRef(whole));
       auto take = [&](const char* stat, at::Tensor& dst) {
