@@ -26,9 +26,10 @@ mkdir -p "$OUT/include" "$OUT/bin" "$OUT/corpus" "$OUT/crashes" "$OUT/logs"
 ln -sfn "$ROOT/src" "$OUT/include/polytrain"
 
 # target -> its sources and libraries (torch: the Debian libtorch the project builds against)
-# The config names its optimizers through the optimizer registry, whose entries build them (torch).
+# The config names its optimizers through the optimizer registry, whose entries build them (torch),
+# and checks model_parallel_size with the parallel dims' rules.
 CONFIG_SRC="src/common/config.cpp src/common/config_keys.cpp src/optim/optimizer_registry.cpp src/optim/optimizers.cpp \
-  src/optim/cpu_adam.cpp src/optim/lamb.cpp src/optim/multi_tensor_adam.cpp"
+  src/optim/cpu_adam.cpp src/optim/lamb.cpp src/optim/multi_tensor_adam.cpp src/parallel/parallel_dims.cpp"
 declare -A SOURCES=(
   [fuzz_config]="$CONFIG_SRC"
   [fuzz_hostfile]="src/launcher/hostfile.cpp"

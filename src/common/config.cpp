@@ -21,6 +21,7 @@
 #include "polytrain/common/dist_env.h"
 #include "polytrain/common/error.h"
 #include "polytrain/optim/optimizer_registry.h"
+#include "polytrain/parallel/parallel_dims.h"
 
 namespace polytrain {
 
@@ -386,10 +387,8 @@ void parse_trainer(const json* j, ParseContext& ctx, TrainerOptions& t) {
   if (!(t.comm_timeout > 0)) r.fail("comm_timeout", "must be > 0 seconds");
   if (t.reduce_bucket_size < 1) r.fail("reduce_bucket_size", "must be >= 1 byte");
   if (t.experiment_name.empty()) r.fail("experiment_name", "must not be empty");
-  r.above("model_parallel_size", t.model_parallel_size, int64_t{0});
-  if (t.model_parallel_size > 1 && t.env_type != "deepspeed+mpu")
-    r.fail("model_parallel_size", cat("is ", t.model_parallel_size, ": tensor parallelism needs env_type "
-                                      "'deepspeed+mpu', not '", t.env_type, "'"));
+  // The world is not known here: resolve() checks the divisibility with the same rules.
+  if (const std::string e = model_parallel_error(t.env_type, t.model_parallel_size, 0); !e.empty()) ctx.fail(e);
 }
 
 // HOST:PORT with a port in [0, 65535] ([v6]:port allowed); the network layer resolves the host.
@@ -475,8 +474,8 @@ int64_t world_size_or_env(int64_t world_size) {
 // derived value and then fails the assertion, the message says what does not divide.
 void resolve(BatchConfig& out, BatchKeys k, int64_t world_size, int64_t model_parallel, const ParseContext& ctx) {
   const int64_t world = world_size_or_env(world_size);
-  if (world % model_parallel != 0)
-    ctx.fail(cat("trainer.model_parallel_size (", model_parallel, ") does not divide the world size (", world, ")"));
+  // Env-free: the env_type half of the rules was checked with the trainer section.
+  if (const std::string e = model_parallel_error("deepspeed+mpu", model_parallel, world); !e.empty()) ctx.fail(e);
   const int64_t ws = world / model_parallel;  // the data-parallel size: tensor-parallel peers share samples
   const char* kT = "train_batch_size";
   const char* kM = "train_micro_batch_size_per_gpu";
@@ -585,13 +584,7 @@ Config config_from_json(const json& doc, const std::string& origin, int64_t worl
   resolve(cfg.batch, batch, swarm ? 1 : world_size, cfg.trainer.model_parallel_size, ctx);
   if (swarm) {
     const auto& h = cfg.hivemind;
-    if (h.target_batch_size == 0)
-      ctx.fail("hivemind.target_batch_size: env_type 'hivemind' needs the swarm's global batch (samples per "
-               "global step over all peers), e.g. --target_batch_size 4096");
-    if (h.target_batch_size < cfg.batch.train_micro_batch_size_per_gpu)
-      ctx.fail(cat("hivemind.target_batch_size (", h.target_batch_size,
-                   ") is smaller than this peer's micro-batch train_micro_batch_size_per_gpu (",
-                   cfg.batch.train_micro_batch_size_per_gpu, ")"));
+    if (const std::string e = swarm_batch_error(cfg); !e.empty()) ctx.fail(e);
     const auto kept = optimizer_statistics(cfg.optimizer);
     std::string names;
     for (const auto& k : kept) names += (names.empty() ? "" : ", ") + k;
@@ -617,6 +610,17 @@ Config load_config(const std::string& path, int64_t world_size) {
   std::ostringstream text;
   text << in.rdbuf();
   return config_from_json(parse_json_strict(text.str(), path), path, world_size);
+}
+
+std::string swarm_batch_error(const Config& cfg) {
+  const int64_t target = cfg.hivemind.target_batch_size, micro = cfg.batch.train_micro_batch_size_per_gpu;
+  if (target <= 0)
+    return "hivemind.target_batch_size: env_type 'hivemind' needs the swarm's global batch (samples per global step "
+           "over all peers), e.g. --target_batch_size 4096";
+  if (target < micro)
+    return cat("hivemind.target_batch_size (", target, ") is smaller than this peer's micro-batch "
+               "train_micro_batch_size_per_gpu (", micro, ")");
+  return "";
 }
 
 void resolve_batch(Config& cfg, const json& batch_source, int64_t world_size) {

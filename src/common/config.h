@@ -10,6 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "polytrain/models/bert_config.h"  // ModelConfig, the `model` section (BERT/RoBERTa)
+
 namespace polytrain {
 
 /// DeepSpeed's batch triple, resolved with DeepSpeed's fill-in rules at the data-parallel size
@@ -196,37 +198,6 @@ struct MonitorConfig {
   std::string job_name = "DeepSpeedJobName";
 };
 
-/// `model` section: Hugging Face config.json field names (an HF config.json drops in).
-struct ModelConfig {
-  std::string model_type = "bert";  ///< bert, roberta
-  int64_t vocab_size = 30522;
-  int64_t hidden_size = 768;
-  int64_t num_hidden_layers = 12;
-  int64_t num_attention_heads = 12;
-  int64_t intermediate_size = 3072;
-  std::string hidden_act = "gelu";
-  double hidden_dropout_prob = 0.1;
-  double attention_probs_dropout_prob = 0.1;
-  int64_t max_position_embeddings = 512;
-  int64_t type_vocab_size = 2;
-  double layer_norm_eps = 1e-12;
-  double initializer_range = 0.02;
-  int64_t pad_token_id = 0;
-  bool tie_word_embeddings = true;
-  /// polytrain: compute the MLM head only at labelled positions (NVIDIA/Megatron BERT's
-  /// sparse prediction): same loss and gradients, ~6x less head work at 15% masking. With
-  /// labels and fused_lm_loss off, logits are then [labelled positions, vocab].
-  bool sparse_prediction = true;
-  /// polytrain: with labels, compute the LM loss chunk by chunk without materialising the
-  /// [tokens, vocab] logits (same loss and gradients to rounding; logits are not returned).
-  bool fused_lm_loss = true;
-  /// Attention: "auto" (sdpa on CUDA, eager elsewhere), "eager" (the exact math), "sdpa"
-  /// (LibTorch's fused kernels); models/attention.h.
-  std::string attn_implementation = "auto";
-  /// Other HF keys (architectures, torch_dtype, ...) kept verbatim for export.
-  nlohmann::json extra = nlohmann::json::object();
-};
-
 /// `data` section: what to read and how to mask it.
 struct DataConfig {
   std::vector<std::string> train_files;  ///< text files; relative paths resolve against cwd
@@ -356,6 +327,10 @@ Config load_config(const std::string& path, int64_t world_size = 0);
 /// Re-resolves the batch triple after a CLI override or at a new world size (divided by
 /// cfg.trainer.model_parallel_size, as config_from_json does).
 void resolve_batch(Config& cfg, const nlohmann::json& batch_source, int64_t world_size);
+
+/// Why a swarm peer cannot run with `cfg`'s hivemind.target_batch_size (unset, or smaller than
+/// its micro-batch), or "": the one home of that rule (the parser and the hivemind backend).
+std::string swarm_batch_error(const Config& cfg);
 
 /// The resolved config as JSON (every key, defaults filled in); load_config of its dump gives
 /// back an equal Config.

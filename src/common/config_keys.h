@@ -310,20 +310,6 @@ void visit(V& v, MonitorConfig& c) {
 }
 
 template <class V>
-void visit(V& v, ModelConfig& m) {
-  v("model_type", m.model_type), v("vocab_size", m.vocab_size), v("hidden_size", m.hidden_size);
-  v("num_hidden_layers", m.num_hidden_layers), v("num_attention_heads", m.num_attention_heads);
-  v("intermediate_size", m.intermediate_size), v("hidden_act", m.hidden_act);
-  v("hidden_dropout_prob", m.hidden_dropout_prob);
-  v("attention_probs_dropout_prob", m.attention_probs_dropout_prob);
-  v("max_position_embeddings", m.max_position_embeddings), v("type_vocab_size", m.type_vocab_size);
-  v("layer_norm_eps", m.layer_norm_eps), v("initializer_range", m.initializer_range);
-  v("pad_token_id", m.pad_token_id), v("tie_word_embeddings", m.tie_word_embeddings);
-  v("sparse_prediction", m.sparse_prediction), v("fused_lm_loss", m.fused_lm_loss);
-  v("attn_implementation", m.attn_implementation);
-}
-
-template <class V>
 void visit(V& v, DataConfig& d) {
   v("train_files", d.train_files), v("vocab_file", d.vocab_file);
   v("max_seq_length", d.max_seq_length), v("eval_fraction", d.eval_fraction);

@@ -1,6 +1,7 @@
 // BERT/RoBERTa: ModelConfig <-> HF config.json (models/bert_config.h).
 #include "polytrain/models/bert_config.h"
 
+#include "polytrain/common/config.h"
 #include "polytrain/common/error.h"
 
 namespace polytrain {

@@ -23,6 +23,17 @@ std::string ParallelDims::describe() const {
   return s;
 }
 
+std::string model_parallel_error(const std::string& env_type, int64_t model_parallel_size, int64_t world) {
+  if (model_parallel_size < 1) return cat("trainer.model_parallel_size must be >= 1, got ", model_parallel_size);
+  if (model_parallel_size > 1 && env_type != "deepspeed+mpu")
+    return cat("trainer.model_parallel_size is ", model_parallel_size,
+               ": tensor parallelism needs env_type 'deepspeed+mpu', not '", env_type, "'");
+  if (world >= 1 && world % model_parallel_size != 0)
+    return cat("trainer.model_parallel_size (", model_parallel_size, ") does not divide the world size (", world,
+               "): world = model_parallel_size x data-parallel size");
+  return "";
+}
+
 ParallelDims resolve_parallel_dims(const Config& cfg, int64_t world) {
   const auto& t = cfg.trainer;
   const auto& z = cfg.zero_optimization;
@@ -30,11 +41,8 @@ ParallelDims resolve_parallel_dims(const Config& cfg, int64_t world) {
   d.preset = t.env_type;
   d.world = world;
   PT_INPUT_CHECK(world >= 1, "world size must be >= 1, got ", world);
-  PT_INPUT_CHECK(t.model_parallel_size >= 1, "trainer.model_parallel_size must be >= 1, got ", t.model_parallel_size);
-  PT_INPUT_CHECK(t.model_parallel_size == 1 || t.env_type == "deepspeed+mpu", "trainer.model_parallel_size is ",
-                 t.model_parallel_size, ": tensor parallelism needs env_type 'deepspeed+mpu', not '", t.env_type, "'");
-  PT_INPUT_CHECK(world % t.model_parallel_size == 0, "trainer.model_parallel_size (", t.model_parallel_size,
-                 ") does not divide the world size (", world, "): world = model_parallel_size x data-parallel size");
+  const std::string mp_error = model_parallel_error(t.env_type, t.model_parallel_size, world);
+  PT_INPUT_CHECK(mp_error.empty(), mp_error);
   const bool zero_preset = t.env_type == "deepspeed" || t.env_type == "deepspeed+mpu";
   if (t.env_type == "pytorch") {
     PT_INPUT_CHECK(world == 1, "env_type pytorch runs one process, but the world has ", world,

@@ -48,4 +48,10 @@ struct ParallelDims {
 /// partitions, offload to nvme.
 ParallelDims resolve_parallel_dims(const Config& cfg, int64_t world);
 
+/// Why trainer.model_parallel_size does not fit `env_type` and `world` (one line naming the key
+/// and the numbers), or "" when it does; a `world` < 1 is not known yet (the divisibility waits).
+/// The one home of these rules: the config parser, resolve_parallel_dims and the process grid
+/// all ask it.
+std::string model_parallel_error(const std::string& env_type, int64_t model_parallel_size, int64_t world);
+
 }  // namespace polytrain

@@ -3,14 +3,14 @@
 
 #include "polytrain/common/error.h"
 #include "polytrain/parallel/comm/communicator.h"
+#include "polytrain/parallel/parallel_dims.h"
 
 namespace polytrain {
 
 GridShape make_grid_shape(int64_t world, int64_t tp) {
   PT_INPUT_CHECK(world >= 1, "world size must be >= 1, got ", world);
-  PT_INPUT_CHECK(tp >= 1, "trainer.model_parallel_size must be >= 1, got ", tp);
-  PT_INPUT_CHECK(world % tp == 0, "trainer.model_parallel_size (", tp, ") does not divide the world size (", world,
-                 "): world = model_parallel_size x data-parallel size");
+  const std::string mp_error = model_parallel_error("deepspeed+mpu", tp, world);  // the grid is TP x DP
+  PT_INPUT_CHECK(mp_error.empty(), mp_error);
   return GridShape{world, tp, world / tp, 1};
 }
 
