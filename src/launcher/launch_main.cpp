@@ -1,6 +1,6 @@
 // `launch [options] PROGRAM [ARGS...]`: DeepSpeed-runner hostfile/filter semantics, the
 // torchrun worker environment, local spawning with supervision, multi-node through pdsh,
-// ssh, Open MPI or Slurm, and --max_restarts. Flags are documented in README ("Launcher").
+// ssh, Open MPI or Slurm, and --max_restarts. Flags are documented in docs/launcher.md.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -11,6 +11,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -184,10 +185,8 @@ Job build_job(const LaunchOptions& o, const WorldPlan& plan, const std::string& 
   return job;
 }
 
-int run(int argc, char** argv) {
-  LaunchOptions o;
-  CLI::App app{"launch: start PROGRAM on every slot of the hosts in a DeepSpeed-style hostfile"};
-  app.prefix_command();  // everything from PROGRAM on belongs to PROGRAM
+// The launcher's options, bound to `o` and `hold_pid`; returns --hostfile's (was it given?).
+CLI::Option* add_options(CLI::App& app, LaunchOptions& o, bool& hold_pid) {
   auto* hf = app.add_option("-H,--hostfile", o.hostfile, "hostfile: lines 'HOST slots=N' (default /job/hostfile; absent = this machine)");
   app.add_option("-i,--include", o.include, "only these resources: NAME[:SLOT[,SLOT...]][@NAME...]");
   app.add_option("-e,--exclude", o.exclude, "all resources but these: NAME[:SLOT[,SLOT...]][@NAME...]");
@@ -217,8 +216,17 @@ int run(int argc, char** argv) {
   app.add_option("--world_size", o.world_size)->group("");
   app.add_option("--num_nodes_total", o.world_nodes)->group("");
   app.add_option("--slot_layout", o.slot_layout)->group("");
-  bool hold_pid = false;
   app.add_flag("--hold_pid", hold_pid, "internal: run PROGRAM for mpirun (pid_holder.h)")->group("");
+  return hf;
+}
+
+// Parses the command line into `o`, PROGRAM and its arguments included; an exit code when that ends the run
+// (--help). With --hold_pid it runs PROGRAM itself and does not return.
+std::optional<int> parse_command_line(int argc, char** argv, LaunchOptions& o) {
+  CLI::App app{"launch: start PROGRAM on every slot of the hosts in a DeepSpeed-style hostfile"};
+  app.prefix_command();  // everything from PROGRAM on belongs to PROGRAM
+  bool hold_pid = false;
+  auto* hf = add_options(app, o, hold_pid);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {
@@ -235,83 +243,119 @@ int run(int argc, char** argv) {
   if (o.program.empty()) throw InputError("command line: no PROGRAM given (launch [options] PROGRAM [ARGS...])");
   if (hold_pid) run_holding_pid(o.program);
   o.hostfile_given = hf->count() > 0;
-  const bool gpu_slots = o.slot_type == "gpu" || (o.slot_type == "auto" && local_gpu_count() > 0);
+  return std::nullopt;
+}
 
-  ResourcePool pool;
-  std::string launcher = o.launcher;
-  int node_rank = 0;
-  int restart_base = 0;  // a per-node launcher inherits the group's restart count
-  const bool per_node = !o.node_slots.empty() || !o.slot_layout.empty();
+// Where and how the job runs, from the command line, the hostfile and the environment.
+struct Target {
   WorldPlan plan;
-  if (per_node) {  // started by pdsh/ssh on one host of a multi-node launch
-    std::vector<int> slots;
-    int offset = o.rank_offset, world = o.world_size, nodes = o.world_nodes;
-    if (!o.slot_layout.empty()) {
-      PT_INPUT_CHECK(o.node_rank >= 0, "--slot_layout needs --node_rank (got ", o.node_rank, ")");
-      const NodeView v = node_in_layout(o.slot_layout, o.node_rank);
-      slots = v.slots, offset = v.rank_offset, world = v.world_size, nodes = v.num_nodes;
-    } else {
-      slots = decode_slots(o.node_slots, "--node_slots");
-    }
-    std::string host = o.node_host;
-    if (host.empty()) {  // pdsh: this machine's name (pdsh prefixes every line with it too)
-      char name[256] = {0};
-      host = gethostname(name, sizeof(name) - 1) == 0 && name[0] ? name : "localhost";
-    }
-    plan = make_node_plan(host, o.node_rank, slots, offset, world, nodes, o.master_addr, o.master_port, gpu_slots);
-    hangup_when_parent_dies();  // the ssh session ending stops this node's workers
-    launcher = "local", node_rank = o.node_rank;
-    if (const char* r = std::getenv("TORCHELASTIC_RESTART_COUNT")) restart_base = std::atoi(r);
+  std::string launcher;
+  int node_rank = 0;
+  int restart_base = 0;   // a per-node launcher inherits the group's restart count
+  bool per_node = false;  // --node_slots/--slot_layout given: a per-node launcher
+  bool mpi_world = false;
+};
+
+// A per-node launcher's target: this host's slots and ranks as the launcher that started it laid them out.
+void per_node_target(const LaunchOptions& o, bool gpu_slots, Target& t) {
+  std::vector<int> slots;
+  int offset = o.rank_offset, world = o.world_size, nodes = o.world_nodes;
+  if (!o.slot_layout.empty()) {
+    PT_INPUT_CHECK(o.node_rank >= 0, "--slot_layout needs --node_rank (got ", o.node_rank, ")");
+    const NodeView v = node_in_layout(o.slot_layout, o.node_rank);
+    slots = v.slots, offset = v.rank_offset, world = v.world_size, nodes = v.num_nodes;
   } else {
-    if ((o.num_nodes > 0 || o.num_gpus > 0) && (!o.include.empty() || !o.exclude.empty())) {
-      throw InputError("--num_nodes/--num_gpus cannot be combined with --include/--exclude");
-    }
-    const bool have_hostfile = o.hostfile_given || file_exists(o.hostfile);
-    if (have_hostfile) {
-      pool = read_hostfile(o.hostfile);
-    } else {
-      const int slots = o.num_gpus > 0 ? o.num_gpus : std::max(1, local_gpu_count());
-      HostSlots h{"localhost", {}};
-      for (int i = 0; i < slots; ++i) h.slots.push_back(i);
-      pool.push_back(h);
-    }
-    pool = limit_resources(filter_resources(pool, o.include, o.exclude), o.num_nodes, o.num_gpus);
-    if (o.no_ssh) {
-      PT_INPUT_CHECK(o.node_rank >= 0 && o.node_rank < static_cast<int>(pool.size()),
-                     "--no_ssh needs --node_rank between 0 and ", pool.size() - 1, " (got ", o.node_rank, ")");
-      PT_INPUT_CHECK(launcher.empty() || launcher == "local", "--no_ssh starts this node only; drop --launcher ", launcher);
-      launcher = "local", node_rank = o.node_rank;
-    } else if (launcher.empty()) {
-      const bool here = pool.size() == 1 && is_local_host(pool.front().host);
-      launcher = here ? "local" : !find_in_path("pdsh").empty() ? "pdsh" : "ssh";
-    } else if (launcher == "local") {
-      PT_INPUT_CHECK(pool.size() == 1 && is_local_host(pool.front().host), "--launcher local runs on this machine only, but the plan has ",
-                     pool.size(), " host(s) starting with '", pool.front().host, "'; use pdsh, ssh, openmpi or slurm");
-    }
-    plan = make_plan(pool, o.master_addr, o.master_port, gpu_slots);
+    slots = decode_slots(o.node_slots, "--node_slots");
   }
-  if (launcher == "local" || launcher == "openmpi" || launcher == "slurm") {
-    o.program.front() = resolve_program(o.program.front(), launcher == "local" && !o.dry_run);
+  std::string host = o.node_host;
+  if (host.empty()) {  // pdsh: this machine's name (pdsh prefixes every line with it too)
+    char name[256] = {0};
+    host = gethostname(name, sizeof(name) - 1) == 0 && name[0] ? name : "localhost";
+  }
+  t.plan = make_node_plan(host, o.node_rank, slots, offset, world, nodes, o.master_addr, o.master_port, gpu_slots);
+  hangup_when_parent_dies();  // the ssh session ending stops this node's workers
+  t.launcher = "local", t.node_rank = o.node_rank;
+  if (const char* r = std::getenv("TORCHELASTIC_RESTART_COUNT")) t.restart_base = std::atoi(r);
+}
+
+// The hosts and slots to use: the hostfile's (else this machine's), filtered by --include/--exclude/--num_*.
+ResourcePool select_resources(const LaunchOptions& o) {
+  if ((o.num_nodes > 0 || o.num_gpus > 0) && (!o.include.empty() || !o.exclude.empty())) {
+    throw InputError("--num_nodes/--num_gpus cannot be combined with --include/--exclude");
+  }
+  ResourcePool pool;
+  const bool have_hostfile = o.hostfile_given || file_exists(o.hostfile);
+  if (have_hostfile) {
+    pool = read_hostfile(o.hostfile);
+  } else {
+    const int slots = o.num_gpus > 0 ? o.num_gpus : std::max(1, local_gpu_count());
+    HostSlots h{"localhost", {}};
+    for (int i = 0; i < slots; ++i) h.slots.push_back(i);
+    pool.push_back(h);
+  }
+  pool = limit_resources(filter_resources(pool, o.include, o.exclude), o.num_nodes, o.num_gpus);
+  return pool;
+}
+
+// The launcher for `pool`: --no_ssh's and --launcher's checked against it, or else chosen (local, pdsh, ssh).
+void choose_launcher(const LaunchOptions& o, const ResourcePool& pool, Target& t) {
+  std::string& launcher = t.launcher;
+  if (o.no_ssh) {
+    PT_INPUT_CHECK(o.node_rank >= 0 && o.node_rank < static_cast<int>(pool.size()),
+                   "--no_ssh needs --node_rank between 0 and ", pool.size() - 1, " (got ", o.node_rank, ")");
+    PT_INPUT_CHECK(launcher.empty() || launcher == "local", "--no_ssh starts this node only; drop --launcher ", launcher);
+    launcher = "local", t.node_rank = o.node_rank;
+  } else if (launcher.empty()) {
+    const bool here = pool.size() == 1 && is_local_host(pool.front().host);
+    launcher = here ? "local" : !find_in_path("pdsh").empty() ? "pdsh" : "ssh";
+  } else if (launcher == "local") {
+    PT_INPUT_CHECK(pool.size() == 1 && is_local_host(pool.front().host), "--launcher local runs on this machine only, but the plan has ",
+                   pool.size(), " host(s) starting with '", pool.front().host, "'; use pdsh, ssh, openmpi or slurm");
+  }
+}
+
+// The plan, launcher and MPI world of this run; PROGRAM resolved where it runs from here.
+Target resolve_target(LaunchOptions& o) {
+  const bool gpu_slots = o.slot_type == "gpu" || (o.slot_type == "auto" && local_gpu_count() > 0);
+  Target t;
+  t.launcher = o.launcher;
+  t.per_node = !o.node_slots.empty() || !o.slot_layout.empty();
+  if (t.per_node) {  // started by pdsh/ssh on one host of a multi-node launch
+    per_node_target(o, gpu_slots, t);
+  } else {
+    const ResourcePool pool = select_resources(o);
+    choose_launcher(o, pool, t);
+    t.plan = make_plan(pool, o.master_addr, o.master_port, gpu_slots);
+  }
+  if (t.launcher == "local" || t.launcher == "openmpi" || t.launcher == "slurm") {
+    o.program.front() = resolve_program(o.program.front(), t.launcher == "local" && !o.dry_run);
   }
 
   // One host, several ranks, started here: they can form an MPI job without mpirun (the MPI
   // engine's shared memory is several times Gloo's loopback TCP), unless told not to.
-  const bool mpi_world = launcher == "local" && !per_node && plan.nodes.size() == 1 && plan.world_size > 1 &&
-                         !o.no_mpi_world && mpi_world_supported();
-  if (o.dry_run) {
-    const Job job = build_job(o, plan, launcher, node_rank, 0);
-    auto j = plan_to_json(plan);
-    j["launcher"] = launcher;
-    for (auto& h : j["hosts"]) {
-      const std::string host = h["host"];
-      h["commands"] = job.hosts_commands.contains(host) ? job.hosts_commands[host] : nlohmann::json::array();
-    }
-    if (!job.runner.empty()) j["runner_command"] = join_command(job.runner);
-    if (!job.mpi_hostfile_text.empty() && launcher == "openmpi") j["generated_hostfile"] = job.mpi_hostfile_text;
-    j["mpi_world"] = mpi_world ? "pmix" : launcher == "openmpi" || launcher == "slurm" ? launcher : "none";
-    std::cout << j.dump(2) << std::endl;
-    return 0;
+  t.mpi_world = t.launcher == "local" && !t.per_node && t.plan.nodes.size() == 1 && t.plan.world_size > 1 &&
+                !o.no_mpi_world && mpi_world_supported();
+  return t;
+}
+
+// --dry_run: the plan, with the commands each host would run, as JSON on stdout.
+void print_dry_run(const LaunchOptions& o, const Target& t) {
+  const std::string& launcher = t.launcher;
+  const Job job = build_job(o, t.plan, launcher, t.node_rank, 0);
+  auto j = plan_to_json(t.plan);
+  j["launcher"] = launcher;
+  for (auto& h : j["hosts"]) {
+    const std::string host = h["host"];
+    h["commands"] = job.hosts_commands.contains(host) ? job.hosts_commands[host] : nlohmann::json::array();
   }
+  if (!job.runner.empty()) j["runner_command"] = join_command(job.runner);
+  if (!job.mpi_hostfile_text.empty() && launcher == "openmpi") j["generated_hostfile"] = job.mpi_hostfile_text;
+  j["mpi_world"] = t.mpi_world ? "pmix" : launcher == "openmpi" || launcher == "slurm" ? launcher : "none";
+  std::cout << j.dump(2) << std::endl;
+}
+
+// --log_dir created and --pid_file found writable, before anything starts.
+void prepare_outputs(const LaunchOptions& o) {
   if (!o.log_dir.empty()) make_dirs(o.log_dir);
   if (!o.pid_file.empty()) {  // a bad path is bad input, found before anything starts
     FILE* f = std::fopen((o.pid_file + ".tmp").c_str(), "w");
@@ -319,40 +363,67 @@ int run(int argc, char** argv) {
     std::fclose(f);
     unlink((o.pid_file + ".tmp").c_str());
   }
+}
+
+// Writes the hosts mpirun is to read to a temporary file and points the job's mpirun at it; the file's path.
+std::string write_mpi_hostfile(const LaunchOptions& o, const WorldPlan& plan, Job& job) {
+  char tmpl[] = "/tmp/polytrain-mpi-hostfile-XXXXXX";
+  const int fd = mkstemp(tmpl);
+  PT_CHECK(fd >= 0, "mkstemp");
+  const std::string mpi_hostfile = tmpl;
+  PT_CHECK(write(fd, job.mpi_hostfile_text.data(), job.mpi_hostfile_text.size()) ==
+               static_cast<ssize_t>(job.mpi_hostfile_text.size()), "write ", mpi_hostfile);
+  close(fd);
+  job.procs.back().argv = mpirun_argv(with_pid_holder(o), plan, remote_exports(load_env_files()), mpi_hostfile);
+  return mpi_hostfile;
+}
+
+// The "launch: ..." line that says what an attempt starts.
+void announce(const LaunchOptions& o, const Target& t, const LocalMpiWorld* world, const std::string& no_world,
+              int attempt) {
+  const WorldPlan& plan = t.plan;
+  std::fprintf(stderr, "launch: %s, world size %d on %d host(s), master %s:%d%s%s\n", t.launcher.c_str(),
+               plan.world_size, plan.num_nodes, plan.master_addr.c_str(), plan.master_port,
+               world ? ", MPI world through this launcher's PMIx server"
+               : t.mpi_world ? cat(", no MPI world (", no_world, ")").c_str() : "",
+               attempt ? cat(", restart ", attempt, " of ", o.max_restarts).c_str() : "");
+}
+
+// Starts and supervises the group, again after a failure up to --max_restarts times; the exit code.
+int supervise_attempts(const LaunchOptions& o, const Target& t) {
   SuperviseOptions so;
   so.term_timeout = o.term_timeout;
   so.pid_file = o.pid_file;
   for (int attempt = 0;; ++attempt) {
     std::unique_ptr<LocalMpiWorld> world;
     std::string no_world;
-    if (mpi_world) world = LocalMpiWorld::create(plan.world_size, restart_base + attempt, no_world);
-    Job job = build_job(o, plan, launcher, node_rank, restart_base + attempt, world.get());
+    if (t.mpi_world) world = LocalMpiWorld::create(t.plan.world_size, t.restart_base + attempt, no_world);
+    Job job = build_job(o, t.plan, t.launcher, t.node_rank, t.restart_base + attempt, world.get());
     std::string mpi_hostfile;
-    if (launcher == "openmpi") {  // mpirun reads the selected hosts from a file we write
-      char tmpl[] = "/tmp/polytrain-mpi-hostfile-XXXXXX";
-      const int fd = mkstemp(tmpl);
-      PT_CHECK(fd >= 0, "mkstemp");
-      mpi_hostfile = tmpl;
-      PT_CHECK(write(fd, job.mpi_hostfile_text.data(), job.mpi_hostfile_text.size()) ==
-                   static_cast<ssize_t>(job.mpi_hostfile_text.size()), "write ", mpi_hostfile);
-      close(fd);
-      job.procs.back().argv = mpirun_argv(with_pid_holder(o), plan, remote_exports(load_env_files()), mpi_hostfile);
+    if (t.launcher == "openmpi") {  // mpirun reads the selected hosts from a file we write
+      mpi_hostfile = write_mpi_hostfile(o, t.plan, job);
     }
-    if (attempt == 0 || launcher != "local" || node_rank == 0) {
-      std::fprintf(stderr, "launch: %s, world size %d on %d host(s), master %s:%d%s%s\n", launcher.c_str(),
-                   plan.world_size, plan.num_nodes, plan.master_addr.c_str(), plan.master_port,
-                   world ? ", MPI world through this launcher's PMIx server"
-                   : mpi_world ? cat(", no MPI world (", no_world, ")").c_str() : "",
-                   attempt ? cat(", restart ", attempt, " of ", o.max_restarts).c_str() : "");
-    }
+    if (attempt == 0 || t.launcher != "local" || t.node_rank == 0) announce(o, t, world.get(), no_world, attempt);
     const Outcome out = supervise(job.procs, so);
     if (!mpi_hostfile.empty()) unlink(mpi_hostfile.c_str());
-    if (per_node && out.failed >= 0) {  // tell the launcher that started this node
-      std::fprintf(stderr, "%s\n", node_failure_line(node_rank, out.exit_code).c_str());
+    if (t.per_node && out.failed >= 0) {  // tell the launcher that started this node
+      std::fprintf(stderr, "%s\n", node_failure_line(t.node_rank, out.exit_code).c_str());
     }
     if (out.exit_code == 0 || out.launcher_signal != 0 || attempt >= o.max_restarts) return out.exit_code;
     std::fprintf(stderr, "launch: restarting the group (restart %d of %d)\n", attempt + 1, o.max_restarts);
   }
+}
+
+int run(int argc, char** argv) {
+  LaunchOptions o;
+  if (const std::optional<int> done = parse_command_line(argc, argv, o)) return *done;
+  const Target t = resolve_target(o);
+  if (o.dry_run) {
+    print_dry_run(o, t);
+    return 0;
+  }
+  prepare_outputs(o);
+  return supervise_attempts(o, t);
 }
 
 }  // namespace

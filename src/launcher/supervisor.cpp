@@ -249,6 +249,207 @@ std::string describe(int status) {
   return cat("exited with code ", exit_code_of(status));
 }
 
+// One supervise() call's state: the processes, how far stopping them has got, and the outcome so far.
+struct Group {
+  const SuperviseOptions& opts;
+  std::vector<Proc> procs;
+  Outcome result;
+  bool stopping = false, killed = false;
+  Clock::time_point kill_at{}, drain_until{};
+
+  Group(const std::vector<ProcSpec>& specs, const SuperviseOptions& o);
+  void begin_stop();
+  void kill_all();
+  void reap();
+  void stop_adopted();
+  void start_all();
+  void relay_until_done();
+  void wait_and_relay(Clock::time_point now, bool all_reaped);
+  void on_launcher_signals();
+  void release();
+  Outcome report();
+};
+
+// One Proc per spec, its log file (if any) opened.
+Group::Group(const std::vector<ProcSpec>& specs, const SuperviseOptions& o) : opts(o), procs(specs.size()) {
+  for (size_t i = 0; i < specs.size(); ++i) {
+    procs[i].spec = &specs[i];
+    if (!specs[i].log_path.empty()) {
+      procs[i].log = std::fopen(specs[i].log_path.c_str(), "w");
+      if (!procs[i].log) throw InputError(cat("--log_dir: cannot write '", specs[i].log_path, "': ", std::strerror(errno)));
+    }
+  }
+}
+
+// SIGTERM to every group still running (once), stdin pipes closed; SIGKILL is due at kill_at.
+void Group::begin_stop() {
+  if (stopping) return;
+  stopping = true;
+  kill_at = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(opts.term_timeout * 1000));
+  for (auto& p : procs) {
+    if (p.stdin_fd >= 0) close(p.stdin_fd), p.stdin_fd = -1;
+    if (p.pid > 0 && !p.reaped) kill(-p.pid, SIGTERM);
+  }
+}
+
+// SIGKILL to every group still running.
+void Group::kill_all() {
+  killed = true;
+  for (auto& p : procs)
+    if (p.pid > 0 && !p.reaped) kill(-p.pid, SIGKILL);
+}
+
+// Reaps the processes that exited; the first failure (or reported node failure) stops the group.
+void Group::reap() {
+  for (size_t i = 0; i < procs.size(); ++i) {
+    auto& p = procs[i];
+    if (p.reported_code > 0 && result.failed < 0 && !stopping) {
+      result.failed = static_cast<int>(i);
+      begin_stop();
+    }
+    if (p.pid <= 0 || p.reaped) continue;
+    int st = 0;
+    if (waitpid(p.pid, &st, WNOHANG) != p.pid) continue;
+    p.reaped = true;
+    p.status = st;
+    if (exit_code_of(st) != 0 && result.failed < 0 && !stopping) {
+      result.failed = static_cast<int>(i);
+      begin_stop();
+    }
+  }
+}
+
+// What workers left behind (re-parented to us): SIGTERM, SIGKILL after the grace period,
+// then reaped, so nothing outlives the launcher.
+void Group::stop_adopted() {
+  std::vector<pid_t> known;
+  for (const auto& p : procs) known.push_back(p.pid);
+  auto left = adopted_children(known);
+  if (left.empty()) return;
+  for (pid_t pid : left) kill(pid, SIGTERM);
+  const auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(opts.term_timeout * 1000));
+  while (!left.empty() && Clock::now() < deadline) {
+    usleep(20000);
+    while (waitpid(-1, nullptr, WNOHANG) > 0) {
+    }
+    left = adopted_children(known);
+  }
+  for (pid_t pid : left) kill(pid, SIGKILL);
+  for (pid_t pid : left) waitpid(pid, nullptr, 0);
+}
+
+// Starts every process, then lists them in the pid file (if asked for).
+void Group::start_all() {
+  for (size_t i = 0; i < procs.size() && !stopping; ++i) {
+    start(procs[i]);
+  }
+  if (!opts.pid_file.empty()) write_pid_file(opts.pid_file, procs);
+}
+
+// The supervision loop: reaps, stops the group when due, relays output, until all exited and their output is drained.
+void Group::relay_until_done() {
+  bool all_reaped = false;
+  while (true) {
+    reap();
+    all_reaped = true;
+    bool open_streams = false;
+    for (auto& p : procs) {
+      all_reaped = all_reaped && (p.pid <= 0 || p.reaped);
+      for (auto& s : p.streams) open_streams = open_streams || s.fd >= 0;
+    }
+    const auto now = Clock::now();
+    if (all_reaped && drain_until == Clock::time_point{}) {
+      stop_adopted();
+      drain_until = Clock::now() + std::chrono::seconds(1);
+    }
+    // Output still open after every process exited belongs to a stray grandchild: stop
+    // relaying it after a second rather than wait on it.
+    if (all_reaped && (!open_streams || now >= drain_until)) break;
+    if (stopping && !killed && now >= kill_at) kill_all();
+    wait_and_relay(now, all_reaped);
+  }
+}
+
+// Polls the signal pipe and the open output streams until the next deadline, then handles what arrived.
+void Group::wait_and_relay(Clock::time_point now, bool all_reaped) {
+  std::vector<pollfd> fds{{g_signal_pipe[0], POLLIN, 0}};
+  std::vector<std::pair<Proc*, Stream*>> owners{{nullptr, nullptr}};
+  for (auto& p : procs) {
+    for (auto& s : p.streams) {
+      if (s.fd >= 0) fds.push_back({s.fd, POLLIN, 0}), owners.emplace_back(&p, &s);
+    }
+  }
+  int timeout_ms = 1000;
+  auto until = [&](Clock::time_point t) {
+    return static_cast<int>(std::max<int64_t>(
+        0, std::chrono::duration_cast<std::chrono::milliseconds>(t - now).count() + 1));
+  };
+  if (stopping && !killed) timeout_ms = std::min(timeout_ms, until(kill_at));
+  if (all_reaped) timeout_ms = std::min(timeout_ms, until(drain_until));
+  if (poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) {
+    throw InternalError(cat("poll: ", std::strerror(errno)));
+  }
+  if (fds[0].revents & POLLIN) on_launcher_signals();
+  for (size_t k = 1; k < fds.size(); ++k) {
+    if (fds[k].revents & (POLLIN | POLLHUP | POLLERR)) pump(*owners[k].first, *owners[k].second, opts.tail_lines);
+  }
+}
+
+// The signals the launcher received (from the signal pipe): the first stops the group, a second kills it.
+void Group::on_launcher_signals() {
+  unsigned char sig[64];
+  const ssize_t n = read(g_signal_pipe[0], sig, sizeof(sig));
+  for (ssize_t k = 0; k < n; ++k) {
+    if (sig[k] == SIGCHLD) continue;  // reaped at the top of the loop
+    if (result.launcher_signal != 0 && stopping && !killed) {
+      kill_all();  // a second Ctrl-C: do not wait for the grace period
+    }
+    if (result.launcher_signal == 0) result.launcher_signal = sig[k];
+    begin_stop();
+  }
+}
+
+// Closes the pipes and logs, reaps what is left and removes the pid file.
+void Group::release() {
+  for (auto& p : procs) {
+    for (auto& s : p.streams)
+      if (s.fd >= 0) close(s.fd);
+    if (p.stdin_fd >= 0) close(p.stdin_fd);
+    if (p.log) std::fclose(p.log);
+  }
+  while (waitpid(-1, nullptr, WNOHANG) > 0) {
+  }
+  if (!opts.pid_file.empty()) unlink(opts.pid_file.c_str());  // its pids are free for reuse now
+}
+
+// Sets the exit code and reports on stderr why the group stopped (a signal to the launcher, or a failure).
+Outcome Group::report() {
+  if (result.launcher_signal != 0) {
+    result.exit_code = 128 + result.launcher_signal;
+    std::fprintf(stderr, "launch: received %s; stopped %zu process(es)\n", strsignal(result.launcher_signal),
+                 procs.size());
+  } else if (result.failed >= 0) {
+    const Proc& f = procs[result.failed];
+    result.exit_code = f.reported_code > 0 ? f.reported_code : exit_code_of(f.status);
+    if (f.reported_code > 0) {
+      std::fprintf(stderr, "error: %s reported a failed node (exit code %d, see above); stopped the job\n",
+                   f.spec->label.c_str(), f.reported_code);
+      std::fflush(stderr);
+      return result;
+    }
+    int others = 0;
+    for (const auto& p : procs) others += &p != &f && p.pid > 0;
+    std::fprintf(stderr, "error: %s (pid %d) %s%s%s\n", f.spec->label.c_str(), static_cast<int>(f.pid),
+                 describe(f.status).c_str(), others ? cat("; stopped the other ", others, " process(es)").c_str() : "",
+                 f.tail.empty() ? "" : cat("; its last ", f.tail.size(), " line(s):").c_str());
+    for (const auto& line : f.tail) std::fprintf(stderr, "  | %s\n", line.c_str());
+    if (!f.spec->log_path.empty()) std::fprintf(stderr, "  full output: %s\n", f.spec->log_path.c_str());
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  return result;
+}
+
 }  // namespace
 
 std::vector<std::string> make_environment(const std::vector<std::pair<std::string, std::string>>& overrides) {
@@ -294,158 +495,11 @@ std::string node_failure_line(int node, int exit_code) {
 Outcome supervise(const std::vector<ProcSpec>& specs, const SuperviseOptions& opts) {
   SignalScope signals;
   prctl(PR_SET_CHILD_SUBREAPER, 1);
-  std::vector<Proc> procs(specs.size());
-  for (size_t i = 0; i < specs.size(); ++i) {
-    procs[i].spec = &specs[i];
-    if (!specs[i].log_path.empty()) {
-      procs[i].log = std::fopen(specs[i].log_path.c_str(), "w");
-      if (!procs[i].log) throw InputError(cat("--log_dir: cannot write '", specs[i].log_path, "': ", std::strerror(errno)));
-    }
-  }
-  Outcome result;
-  bool stopping = false, killed = false;
-  Clock::time_point kill_at{}, drain_until{};
-  auto begin_stop = [&] {
-    if (stopping) return;
-    stopping = true;
-    kill_at = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(opts.term_timeout * 1000));
-    for (auto& p : procs) {
-      if (p.stdin_fd >= 0) close(p.stdin_fd), p.stdin_fd = -1;
-      if (p.pid > 0 && !p.reaped) kill(-p.pid, SIGTERM);
-    }
-  };
-  auto kill_all = [&] {
-    killed = true;
-    for (auto& p : procs)
-      if (p.pid > 0 && !p.reaped) kill(-p.pid, SIGKILL);
-  };
-  auto reap = [&] {
-    for (size_t i = 0; i < procs.size(); ++i) {
-      auto& p = procs[i];
-      if (p.reported_code > 0 && result.failed < 0 && !stopping) {
-        result.failed = static_cast<int>(i);
-        begin_stop();
-      }
-      if (p.pid <= 0 || p.reaped) continue;
-      int st = 0;
-      if (waitpid(p.pid, &st, WNOHANG) != p.pid) continue;
-      p.reaped = true;
-      p.status = st;
-      if (exit_code_of(st) != 0 && result.failed < 0 && !stopping) {
-        result.failed = static_cast<int>(i);
-        begin_stop();
-      }
-    }
-  };
-
-  // What workers left behind (re-parented to us): SIGTERM, SIGKILL after the grace period,
-  // then reaped, so nothing outlives the launcher.
-  auto stop_adopted = [&] {
-    std::vector<pid_t> known;
-    for (const auto& p : procs) known.push_back(p.pid);
-    auto left = adopted_children(known);
-    if (left.empty()) return;
-    for (pid_t pid : left) kill(pid, SIGTERM);
-    const auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(opts.term_timeout * 1000));
-    while (!left.empty() && Clock::now() < deadline) {
-      usleep(20000);
-      while (waitpid(-1, nullptr, WNOHANG) > 0) {
-      }
-      left = adopted_children(known);
-    }
-    for (pid_t pid : left) kill(pid, SIGKILL);
-    for (pid_t pid : left) waitpid(pid, nullptr, 0);
-  };
-
-  for (size_t i = 0; i < procs.size() && !stopping; ++i) {
-    start(procs[i]);
-  }
-  if (!opts.pid_file.empty()) write_pid_file(opts.pid_file, procs);
-  bool all_reaped = false;
-  while (true) {
-    reap();
-    all_reaped = true;
-    bool open_streams = false;
-    for (auto& p : procs) {
-      all_reaped = all_reaped && (p.pid <= 0 || p.reaped);
-      for (auto& s : p.streams) open_streams = open_streams || s.fd >= 0;
-    }
-    const auto now = Clock::now();
-    if (all_reaped && drain_until == Clock::time_point{}) {
-      stop_adopted();
-      drain_until = Clock::now() + std::chrono::seconds(1);
-    }
-    // Output still open after every process exited belongs to a stray grandchild: stop
-    // relaying it after a second rather than wait on it.
-    if (all_reaped && (!open_streams || now >= drain_until)) break;
-    if (stopping && !killed && now >= kill_at) kill_all();
-
-    std::vector<pollfd> fds{{g_signal_pipe[0], POLLIN, 0}};
-    std::vector<std::pair<Proc*, Stream*>> owners{{nullptr, nullptr}};
-    for (auto& p : procs) {
-      for (auto& s : p.streams) {
-        if (s.fd >= 0) fds.push_back({s.fd, POLLIN, 0}), owners.emplace_back(&p, &s);
-      }
-    }
-    int timeout_ms = 1000;
-    auto until = [&](Clock::time_point t) {
-      return static_cast<int>(std::max<int64_t>(
-          0, std::chrono::duration_cast<std::chrono::milliseconds>(t - now).count() + 1));
-    };
-    if (stopping && !killed) timeout_ms = std::min(timeout_ms, until(kill_at));
-    if (all_reaped) timeout_ms = std::min(timeout_ms, until(drain_until));
-    if (poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) {
-      throw InternalError(cat("poll: ", std::strerror(errno)));
-    }
-    if (fds[0].revents & POLLIN) {
-      unsigned char sig[64];
-      const ssize_t n = read(g_signal_pipe[0], sig, sizeof(sig));
-      for (ssize_t k = 0; k < n; ++k) {
-        if (sig[k] == SIGCHLD) continue;  // reaped at the top of the loop
-        if (result.launcher_signal != 0 && stopping && !killed) {
-          kill_all();  // a second Ctrl-C: do not wait for the grace period
-        }
-        if (result.launcher_signal == 0) result.launcher_signal = sig[k];
-        begin_stop();
-      }
-    }
-    for (size_t k = 1; k < fds.size(); ++k) {
-      if (fds[k].revents & (POLLIN | POLLHUP | POLLERR)) pump(*owners[k].first, *owners[k].second, opts.tail_lines);
-    }
-  }
-  for (auto& p : procs) {
-    for (auto& s : p.streams)
-      if (s.fd >= 0) close(s.fd);
-    if (p.stdin_fd >= 0) close(p.stdin_fd);
-    if (p.log) std::fclose(p.log);
-  }
-  while (waitpid(-1, nullptr, WNOHANG) > 0) {
-  }
-  if (!opts.pid_file.empty()) unlink(opts.pid_file.c_str());  // its pids are free for reuse now
-  if (result.launcher_signal != 0) {
-    result.exit_code = 128 + result.launcher_signal;
-    std::fprintf(stderr, "launch: received %s; stopped %zu process(es)\n", strsignal(result.launcher_signal),
-                 procs.size());
-  } else if (result.failed >= 0) {
-    const Proc& f = procs[result.failed];
-    result.exit_code = f.reported_code > 0 ? f.reported_code : exit_code_of(f.status);
-    if (f.reported_code > 0) {
-      std::fprintf(stderr, "error: %s reported a failed node (exit code %d, see above); stopped the job\n",
-                   f.spec->label.c_str(), f.reported_code);
-      std::fflush(stderr);
-      return result;
-    }
-    int others = 0;
-    for (const auto& p : procs) others += &p != &f && p.pid > 0;
-    std::fprintf(stderr, "error: %s (pid %d) %s%s%s\n", f.spec->label.c_str(), static_cast<int>(f.pid),
-                 describe(f.status).c_str(), others ? cat("; stopped the other ", others, " process(es)").c_str() : "",
-                 f.tail.empty() ? "" : cat("; its last ", f.tail.size(), " line(s):").c_str());
-    for (const auto& line : f.tail) std::fprintf(stderr, "  | %s\n", line.c_str());
-    if (!f.spec->log_path.empty()) std::fprintf(stderr, "  full output: %s\n", f.spec->log_path.c_str());
-  }
-  std::fflush(stdout);
-  std::fflush(stderr);
-  return result;
+  Group group(specs, opts);
+  group.start_all();
+  group.relay_until_done();
+  group.release();
+  return group.report();
 }
 
 }  // namespace polytrain::launcher

@@ -241,6 +241,197 @@ void Averager::handle(Connection& c, const Frame& hello) {
   s->values.reset();
 }
 
+namespace {
+
+/// One stream of allreduce() to the reducer of another member's part.
+struct Outgoing {
+  std::thread thread;
+  bool ok = false;
+  size_t kept = 0;  // elements of the part the result has not replaced
+  uint64_t sent = 0, received = 0;
+};
+
+/// What the phases of one allreduce() share: the group, the caller's vector and its weight, the
+/// options, the round's deadline and the parts the vector is cut into.
+struct AllReduceCall {
+  const Group& g;
+  float* data;
+  size_t n;
+  double weight;
+  const AllReduceOptions& o;
+  Deadline deadline;
+  const std::vector<size_t>& sizes;
+  const std::vector<size_t>& offsets;
+};
+
+/// Sends part j to its reducer: the hello, then the part, chunk by chunk.
+void send_part(Connection& c, const AllReduceCall& p, size_t j) {
+  const Group& g = p.g;
+  const AllReduceOptions& o = p.o;
+  const Deadline deadline = p.deadline;
+  const float* data = p.data;
+  const size_t len = p.sizes[j], off = p.offsets[j];
+  std::string hello;
+  put_str(hello, g.group_id);
+  put_u32(hello, static_cast<uint32_t>(g.self));
+  put_u32(hello, static_cast<uint32_t>(j));
+  put_u64(hello, len);
+  put_u32(hello, static_cast<uint32_t>(o.compression));
+  put_f64(hello, p.weight);
+  put_u64(hello, o.chunk_elements);
+  c.send(kMsgAllReduceHello, hello, earliest(after(o.next_chunk_timeout), deadline));
+  const size_t n_chunks = chunks_of(len, o.chunk_elements);
+  std::string payload;
+  for (size_t k = 0; k < n_chunks; ++k) {
+    const size_t lo = k * o.chunk_elements, m = std::min(o.chunk_elements, len - lo);
+    payload.clear();
+    put_u64(payload, k);
+    const Deadline d = earliest(after(o.next_chunk_timeout), deadline);
+    if (o.compression == Compression::kNone) {  // straight from the caller's vector
+      c.send(kMsgChunk, payload, {reinterpret_cast<const char*>(data + off + lo), m * 4}, d);
+      continue;
+    }
+    compress(o.compression, data + off + lo, m, payload);
+    c.send(kMsgChunk, payload, d);
+  }
+}
+
+/// Receives the reducer's result for part j and applies it to the caller's vector, chunk by chunk.
+void receive_result(Connection& c, const AllReduceCall& p, size_t j, Outgoing& out) {
+  const AllReduceOptions& o = p.o;
+  const Deadline deadline = p.deadline;
+  float* data = p.data;
+  const size_t len = p.sizes[j], off = p.offsets[j];
+  const size_t n_chunks = chunks_of(len, o.chunk_elements);
+  // The result, once every member delivered to the reducer (or its deadline): each
+  // chunk lands in a chunk-sized buffer and enters the vector only whole, so a stream
+  // that breaks leaves every element either averaged or as it was (out.kept counts
+  // the latter).
+  auto result = uninitialized(std::min(o.chunk_elements, len));
+  Frame f;
+  for (size_t k = 0; k < n_chunks; ++k) {
+    const size_t lo = k * o.chunk_elements, m = std::min(o.chunk_elements, len - lo);
+    const Deadline d = k == 0 ? deadline : earliest(after(o.next_chunk_timeout), deadline);
+    if (o.compression == Compression::kNone) {
+      uint64_t index = 0;
+      if (!c.receive_into(d, kMsgResult, &index, 8, result.get(), m * 4, f, 4096))
+        throw NetError(NetError::Kind::kProtocol, "refused: " + f.payload.substr(0, 200));
+      if (index != k) throw NetError(NetError::Kind::kProtocol, "result chunk out of order");
+      std::copy(result.get(), result.get() + m, data + off + lo);
+    } else {
+      f = c.receive(d, compressed_bytes(o.compression, m) + 8 + 4096);
+      if (f.type != kMsgResult) throw NetError(NetError::Kind::kProtocol, "refused: " + f.payload.substr(0, 200));
+      Reader fr(f.payload);
+      if (fr.u64() != k) throw NetError(NetError::Kind::kProtocol, "result chunk out of order");
+      if (!decompress(o.compression, fr.rest(), result.get(), m))
+        throw NetError(NetError::Kind::kProtocol, "result chunk of the wrong size");
+      for (size_t i = 0; i < m; ++i) data[off + lo + i] += result[i];
+    }
+    out.kept -= m;
+  }
+}
+
+/// The thread of part j: streams it to its reducer and applies what comes back; a failure leaves `out.ok` false.
+void stream_part(const AllReduceCall& p, size_t j, Outgoing& out) {
+  std::unique_ptr<Connection> c;
+  try {
+    c = Connection::connect(p.g.members[j].address, earliest(after(p.o.next_chunk_timeout), p.deadline));
+    send_part(*c, p, j);
+    receive_result(*c, p, j, out);
+    out.ok = true;
+  } catch (const NetError&) {
+  }
+  if (c) out.sent = c->bytes_sent(), out.received = c->bytes_received();
+}
+
+/// Averages this peer's own part over the senders that delivered it and hands it to the streams that send it back.
+void reduce_own_part(Averager::Round& r, const AllReduceCall& p, AllReduceReport* report) {
+  using Round = Averager::Round;
+  const Group& g = p.g;
+  const Deadline deadline = p.deadline;
+  const double weight = p.weight;
+  std::unique_lock<std::mutex> lock(r.mu);
+  auto settled = [&] {
+    const auto now = Clock::now();
+    for (auto& [i, s] : r.senders) {
+      if (s.state == Round::State::kWaiting && now >= r.first_contact) s.state = Round::State::kFailed;
+      if (s.state == Round::State::kWaiting || s.state == Round::State::kReceiving) return false;
+    }
+    return true;
+  };
+  while (!settled() && Clock::now() < deadline)  // every change of a sender's state notifies
+    r.cv.wait_until(lock, Clock::now() < r.first_contact ? r.first_contact : deadline);
+  const size_t off = p.offsets[g.self];
+  double total = weight;
+  size_t count = 1;
+  std::vector<std::pair<double, const float*>> in;  // the senders that delivered all of it
+  for (auto& [i, s] : r.senders) {
+    if (s.state != Round::State::kComplete) {
+      report->excluded_senders.push_back(g.members[i].peer_id);
+      continue;
+    }
+    total += s.weight;
+    ++count;
+    in.emplace_back(s.weight, s.values.get());
+  }
+  // Nobody accumulated samples: the plain mean.
+  const bool plain = !(total > 0);
+  const double w0 = plain ? 1.0 : weight, divisor = plain ? static_cast<double>(count) : total;
+  if (plain)
+    for (auto& e : in) e.first = 1.0;
+  float* mine = p.data + off;
+  weighted_mean(mine, r.len, w0, in, divisor);
+  report->part_weight = total;
+  r.average = mine;
+  r.results_pending = in.size();
+  r.averaged = true;
+  r.cv.notify_all();
+}
+
+/// Joins the streams to the other parts' reducers and reports their bytes, the failed reducers and the local fraction.
+void join_streams(const AllReduceCall& p, std::vector<Outgoing>& out, AllReduceReport* report) {
+  size_t local = 0;
+  for (size_t j = 0; j < out.size(); ++j) {
+    if (!out[j].thread.joinable()) continue;
+    out[j].thread.join();
+    report->bytes_sent += out[j].sent, report->bytes_received += out[j].received;
+    if (!out[j].ok) report->failed_reducers.push_back(p.g.members[j].peer_id), local += out[j].kept;
+  }
+  report->local_fraction = p.n ? static_cast<double>(local) / static_cast<double>(p.n) : 0.0;
+}
+
+}  // namespace
+
+std::shared_ptr<Averager::Round> Averager::register_round(const Group& g, size_t len, const AllReduceOptions& o,
+                                                          Clock::time_point t0, Deadline deadline) {
+  auto round = std::make_shared<Round>();
+  round->group_id = g.group_id;
+  round->self = g.self;
+  round->members = g.members.size();
+  round->len = len;
+  round->chunk = o.chunk_elements;
+  round->compression = o.compression;
+  round->deadline = deadline;
+  round->first_contact = earliest(t0 + o.next_chunk_timeout, deadline);
+  round->next_chunk = o.next_chunk_timeout;
+  for (size_t i = 0; i < g.members.size(); ++i)
+    if (i != g.self) round->senders[i];
+  std::lock_guard<std::mutex> lock(mu_);
+  rounds_[g.group_id] = round;
+  cv_.notify_all();
+  return round;
+}
+
+void Averager::release_round(const std::string& group_id, Round& round) {
+  {
+    // The streams still sending the average read it from `data`.
+    std::unique_lock<std::mutex> lock(round.mu);
+    round.cv.wait(lock, [&] { return round.results_pending == 0; });
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  rounds_.erase(group_id);
+}
+
 AllReduceReport Averager::allreduce(const Group& g, float* data, size_t n, double weight, const AllReduceOptions& o) {
   PT_CHECK(g.self < g.members.size(), "self ", g.self, " of ", g.members.size());
   PT_CHECK(weight >= 0.0 && std::isfinite(weight), "weight ", weight);
@@ -250,157 +441,25 @@ AllReduceReport Averager::allreduce(const Group& g, float* data, size_t n, doubl
   const std::vector<size_t> sizes = part_sizes(n, g);
   std::vector<size_t> offsets(sizes.size(), 0);
   for (size_t j = 1; j < sizes.size(); ++j) offsets[j] = offsets[j - 1] + sizes[j - 1];
+  const AllReduceCall call{g, data, n, weight, o, deadline, sizes, offsets};
   AllReduceReport report;
 
   // This peer's own part: register the round before anyone can stream to it.
   std::shared_ptr<Round> round;
-  if (sizes[g.self] > 0) {
-    round = std::make_shared<Round>();
-    round->group_id = g.group_id;
-    round->self = g.self;
-    round->members = g.members.size();
-    round->len = sizes[g.self];
-    round->chunk = o.chunk_elements;
-    round->compression = o.compression;
-    round->deadline = deadline;
-    round->first_contact = earliest(t0 + o.next_chunk_timeout, deadline);
-    round->next_chunk = o.next_chunk_timeout;
-    for (size_t i = 0; i < g.members.size(); ++i)
-      if (i != g.self) round->senders[i];
-    std::lock_guard<std::mutex> lock(mu_);
-    rounds_[g.group_id] = round;
-    cv_.notify_all();
-  }
+  if (sizes[g.self] > 0) round = register_round(g, sizes[g.self], o, t0, deadline);
 
   // Stream every other part to its reducer; apply what comes back.
-  struct Outgoing {
-    std::thread thread;
-    bool ok = false;
-    size_t kept = 0;  // elements of the part the result has not replaced
-    uint64_t sent = 0, received = 0;
-  };
   std::vector<Outgoing> out(g.members.size());
   for (size_t j = 0; j < g.members.size(); ++j) {
     if (j == g.self || sizes[j] == 0) continue;
     out[j].kept = sizes[j];
-    out[j].thread = std::thread([&, j] {
-      const size_t len = sizes[j], off = offsets[j];
-      std::unique_ptr<Connection> c;
-      try {
-        c = Connection::connect(g.members[j].address, earliest(after(o.next_chunk_timeout), deadline));
-        std::string hello;
-        put_str(hello, g.group_id);
-        put_u32(hello, static_cast<uint32_t>(g.self));
-        put_u32(hello, static_cast<uint32_t>(j));
-        put_u64(hello, len);
-        put_u32(hello, static_cast<uint32_t>(o.compression));
-        put_f64(hello, weight);
-        put_u64(hello, o.chunk_elements);
-        c->send(kMsgAllReduceHello, hello, earliest(after(o.next_chunk_timeout), deadline));
-        const size_t n_chunks = chunks_of(len, o.chunk_elements);
-        std::string payload;
-        for (size_t k = 0; k < n_chunks; ++k) {
-          const size_t lo = k * o.chunk_elements, m = std::min(o.chunk_elements, len - lo);
-          payload.clear();
-          put_u64(payload, k);
-          const Deadline d = earliest(after(o.next_chunk_timeout), deadline);
-          if (o.compression == Compression::kNone) {  // straight from the caller's vector
-            c->send(kMsgChunk, payload, {reinterpret_cast<const char*>(data + off + lo), m * 4}, d);
-            continue;
-          }
-          compress(o.compression, data + off + lo, m, payload);
-          c->send(kMsgChunk, payload, d);
-        }
-        // The result, once every member delivered to the reducer (or its deadline): each
-        // chunk lands in a chunk-sized buffer and enters the vector only whole, so a stream
-        // that breaks leaves every element either averaged or as it was (out[j].kept counts
-        // the latter).
-        auto result = uninitialized(std::min(o.chunk_elements, len));
-        Frame f;
-        for (size_t k = 0; k < n_chunks; ++k) {
-          const size_t lo = k * o.chunk_elements, m = std::min(o.chunk_elements, len - lo);
-          const Deadline d = k == 0 ? deadline : earliest(after(o.next_chunk_timeout), deadline);
-          if (o.compression == Compression::kNone) {
-            uint64_t index = 0;
-            if (!c->receive_into(d, kMsgResult, &index, 8, result.get(), m * 4, f, 4096))
-              throw NetError(NetError::Kind::kProtocol, "refused: " + f.payload.substr(0, 200));
-            if (index != k) throw NetError(NetError::Kind::kProtocol, "result chunk out of order");
-            std::copy(result.get(), result.get() + m, data + off + lo);
-          } else {
-            f = c->receive(d, compressed_bytes(o.compression, m) + 8 + 4096);
-            if (f.type != kMsgResult) throw NetError(NetError::Kind::kProtocol, "refused: " + f.payload.substr(0, 200));
-            Reader fr(f.payload);
-            if (fr.u64() != k) throw NetError(NetError::Kind::kProtocol, "result chunk out of order");
-            if (!decompress(o.compression, fr.rest(), result.get(), m))
-              throw NetError(NetError::Kind::kProtocol, "result chunk of the wrong size");
-            for (size_t i = 0; i < m; ++i) data[off + lo + i] += result[i];
-          }
-          out[j].kept -= m;
-        }
-        out[j].ok = true;
-      } catch (const NetError&) {
-      }
-      if (c) out[j].sent = c->bytes_sent(), out[j].received = c->bytes_received();
-    });
+    out[j].thread = std::thread([&, j] { stream_part(call, j, out[j]); });
   }
 
   // Reduce this peer's own part once every sender delivered or failed (or time ran out).
-  if (round) {
-    Round& r = *round;
-    std::unique_lock<std::mutex> lock(r.mu);
-    auto settled = [&] {
-      const auto now = Clock::now();
-      for (auto& [i, s] : r.senders) {
-        if (s.state == Round::State::kWaiting && now >= r.first_contact) s.state = Round::State::kFailed;
-        if (s.state == Round::State::kWaiting || s.state == Round::State::kReceiving) return false;
-      }
-      return true;
-    };
-    while (!settled() && Clock::now() < deadline)  // every change of a sender's state notifies
-      r.cv.wait_until(lock, Clock::now() < r.first_contact ? r.first_contact : deadline);
-    const size_t off = offsets[g.self];
-    double total = weight;
-    size_t count = 1;
-    std::vector<std::pair<double, const float*>> in;  // the senders that delivered all of it
-    for (auto& [i, s] : r.senders) {
-      if (s.state != Round::State::kComplete) {
-        report.excluded_senders.push_back(g.members[i].peer_id);
-        continue;
-      }
-      total += s.weight;
-      ++count;
-      in.emplace_back(s.weight, s.values.get());
-    }
-    // Nobody accumulated samples: the plain mean.
-    const bool plain = !(total > 0);
-    const double w0 = plain ? 1.0 : weight, divisor = plain ? static_cast<double>(count) : total;
-    if (plain)
-      for (auto& e : in) e.first = 1.0;
-    float* mine = data + off;
-    weighted_mean(mine, r.len, w0, in, divisor);
-    report.part_weight = total;
-    r.average = mine;
-    r.results_pending = in.size();
-    r.averaged = true;
-    r.cv.notify_all();
-  }
-  size_t local = 0;
-  for (size_t j = 0; j < out.size(); ++j) {
-    if (!out[j].thread.joinable()) continue;
-    out[j].thread.join();
-    report.bytes_sent += out[j].sent, report.bytes_received += out[j].received;
-    if (!out[j].ok) report.failed_reducers.push_back(g.members[j].peer_id), local += out[j].kept;
-  }
-  report.local_fraction = n ? static_cast<double>(local) / static_cast<double>(n) : 0.0;
-  if (round) {
-    {
-      // The streams still sending the average read it from `data`.
-      std::unique_lock<std::mutex> lock(round->mu);
-      round->cv.wait(lock, [&] { return round->results_pending == 0; });
-    }
-    std::lock_guard<std::mutex> lock(mu_);
-    rounds_.erase(g.group_id);
-  }
+  if (round) reduce_own_part(*round, call, &report);
+  join_streams(call, out, &report);
+  if (round) release_round(g.group_id, *round);
   report.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return report;
 }

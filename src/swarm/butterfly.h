@@ -85,6 +85,11 @@ class Averager {
 
  private:
   std::shared_ptr<Round> wait_for_round(const std::string& group_id, Deadline until);
+  /// Registers the round of this peer's own part (`len` elements) before anyone can stream to it.
+  std::shared_ptr<Round> register_round(const Group& g, size_t len, const AllReduceOptions& o, Clock::time_point t0,
+                                        Deadline deadline);
+  /// Waits until no stream reads the average from the caller's vector any more, then forgets the round.
+  void release_round(const std::string& group_id, Round& round);
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::string, std::shared_ptr<Round>> rounds_;

@@ -78,7 +78,8 @@ bool reachable_by_others(hm::DhtNode& dht, const HivemindConfig& h, const std::s
 }  // namespace
 
 HivemindBackend::HivemindBackend(const Config& cfg) : ReplicatedBackend(cfg), h_(cfg.hivemind) {
-  PT_INPUT_CHECK(h_.target_batch_size > 0, "hivemind.target_batch_size: env_type 'hivemind' needs it (> 0)");
+  const std::string batch_error = swarm_batch_error(cfg);  // a Config built in code skips the parser
+  PT_INPUT_CHECK(batch_error.empty(), batch_error);
   identity_ = std::make_shared<const hm::Identity>(h_.identity_path.empty() ? hm::Identity::generate()
                                                                             : hm::Identity::load_or_create(h_.identity_path));
 }
@@ -446,50 +447,55 @@ void HivemindBackend::average_state(const void* group, std::chrono::steady_clock
   average_flat(std::move(tensors), /*grads=*/false, group, 1.0, round_end, epoch, what);
 }
 
-StepResult HivemindBackend::step(const StepRequest& request, int64_t step) {
-  finish_update();
-  // One deadline for everything step() waits on (the progress refreshes, matchmaking, the
-  // gradient and state rounds): a slow DHT fetch under faults shortens the round instead of
-  // stretching the step past averaging_timeout.
-  const auto deadline = std::chrono::steady_clock::now() + ms(h_.averaging_timeout);
-  const int64_t local = accounted_;
-  PT_CHECK(local > 0, "hivemind step with no local samples");
-  stepped_ = true;
-  {
-    // The loop normalised each micro-batch by samples_per_step() (= one micro-batch): make the
-    // gradient this peer's mean over its `local` samples before averaging.
-    torch::NoGradGuard no_grad;
-    const double scale = static_cast<double>(micro_) / static_cast<double>(local);
-    if (scale != 1.0)
-      for (auto& p : params_)
-        if (p.grad().defined()) p.grad().mul_(scale);
-  }
-  const int64_t round_epoch = epoch_;
+/// What the phases of one step() share.
+struct HivemindBackend::StepRound {
+  std::chrono::steady_clock::time_point deadline;  ///< for everything step() waits on
+  int64_t local = 0;                               ///< this peer's samples of the step
+  int64_t epoch = 0;                               ///< the epoch of the round
+  std::string missed;                              ///< why rejoin() reloads the state
+  bool moved_on = false;                           ///< matchmaking found the swarm past `epoch`
+  std::optional<hm::Group> group;                  ///< the gradient round's group, if one formed
+  std::optional<hm::Group> state;                  ///< the state round's group, when this step has one
+};
+
+void HivemindBackend::scale_to_local_mean(int64_t local) {
+  // The loop normalised each micro-batch by samples_per_step() (= one micro-batch): make the
+  // gradient this peer's mean over its `local` samples before averaging.
+  torch::NoGradGuard no_grad;
+  const double scale = static_cast<double>(micro_) / static_cast<double>(local);
+  if (scale != 1.0)
+    for (auto& p : params_)
+      if (p.grad().defined()) p.grad().mul_(scale);
+}
+
+bool HivemindBackend::rejoin(const StepRound& round, StepResult* r) {
   // The swarm finished this epoch's round without this peer (it ran late, or was loading):
   // its local progress is dropped and the state reloaded. False when that reload failed.
-  const std::string missed = "epoch " + std::to_string(round_epoch) + " ended without this peer";
-  auto rejoin = [&](StepResult* r) {
-    if (!reload_from_peers(missed)) return false;
-    zero_grads();
-    known_peers_.clear();
-    accounted_ = 0;
-    loss_sum_ = at::Tensor();
-    mini_steps_ = 0;
-    r->outcome = StepOutcome::kNoUpdate;
-    r->global_step = epoch_;
-    r->samples = local;
-    donate();
-    return true;
-  };
-  {
-    // Nobody is left to average with.
-    const auto g = tracker_->global_by(deadline);
-    bool others_here = false;
-    for (const auto& p : g.others)
-      if (!p.client_mode && p.epoch == round_epoch) others_here = true;
-    StepResult r;
-    if (g.epoch > round_epoch && !others_here && rejoin(&r)) return r;
-  }
+  if (!reload_from_peers(round.missed)) return false;
+  zero_grads();
+  known_peers_.clear();
+  accounted_ = 0;
+  loss_sum_ = at::Tensor();
+  mini_steps_ = 0;
+  r->outcome = StepOutcome::kNoUpdate;
+  r->global_step = epoch_;
+  r->samples = round.local;
+  donate();
+  return true;
+}
+
+bool HivemindBackend::rejoin_if_alone(const StepRound& round, StepResult* r) {
+  // Nobody is left to average with.
+  const auto g = tracker_->global_by(round.deadline);
+  bool others_here = false;
+  for (const auto& p : g.others)
+    if (!p.client_mode && p.epoch == round.epoch) others_here = true;
+  return g.epoch > round.epoch && !others_here && rejoin(round, r);
+}
+
+void HivemindBackend::find_gradient_group(StepRound& round) {
+  const int64_t round_epoch = round.epoch;
+  const auto deadline = round.deadline;
   hm::MatchmakingOptions mo;
   mo.key = h_.run_id + "_grad_" + std::to_string(round_epoch);
   mo.matchmaking_time = ms(h_.matchmaking_time);
@@ -507,17 +513,18 @@ StepResult HivemindBackend::step(const StepRequest& request, int64_t step) {
   };
   // Others at this epoch may be dead peers whose records have not expired yet: once a
   // declaration expired without a group and the swarm is past this epoch, the round is over.
-  bool moved_on = false;
   auto abandon = [&] {
     const auto by = std::min(deadline, std::chrono::steady_clock::now() + ms(h_.request_timeout));
-    moved_on = tracker_->global_by(by).epoch > round_epoch;
-    return moved_on;
+    round.moved_on = tracker_->global_by(by).epoch > round_epoch;
+    return round.moved_on;
   };
-  const auto group = matchmaker_->find_group(mo, expected, deadline, abandon);
-  if (!group && moved_on) {
-    StepResult r;
-    if (rejoin(&r)) return r;
-  }
+  round.group = matchmaker_->find_group(mo, expected, deadline, abandon);
+}
+
+size_t HivemindBackend::average_gradients(const StepRound& round) {
+  const auto& group = round.group;
+  const int64_t round_epoch = round.epoch, local = round.local;
+  const bool moved_on = round.moved_on;
   known_peers_.clear();
   size_t averaged = 1;
   if (group && group->members.size() > 1) {
@@ -530,7 +537,8 @@ StepResult HivemindBackend::step(const StepRequest& request, int64_t step) {
     for (const auto& p : tracker_->global(false).others)
       if ((p.epoch == round_epoch || p.epoch + 1 == round_epoch) && p.samples_accumulated + p.samples_in_flight > 0)
         late.insert(p.peer_id);
-    averaged = average_flat(params_, /*grads=*/true, &*group, static_cast<double>(local), deadline, round_epoch, "gradients");
+    averaged = average_flat(params_, /*grads=*/true, &*group, static_cast<double>(local), round.deadline, round_epoch,
+                            "gradients");
     for (size_t i = 0; i < group->members.size(); ++i) {
       if (i != group->self && !group->members[i].address.empty()) known_peers_.insert(group->members[i].peer_id);
       late.erase(group->members[i].peer_id);
@@ -543,62 +551,74 @@ StepResult HivemindBackend::step(const StepRequest& request, int64_t step) {
                           : ("within " + std::to_string(static_cast<int>(h_.averaging_timeout)) + " s (alone or timed out)").c_str(),
                  static_cast<long long>(local));
   }
-  const bool state_round =
-      group && group->members.size() > 1 && h_.average_state_every > 0 && (round_epoch + 1) % h_.average_state_every == 0;
-  std::optional<hm::Group> state;
+  return averaged;
+}
+
+void HivemindBackend::plan_state_round(StepRound& round) {
+  const bool state_round = round.group && round.group->members.size() > 1 && h_.average_state_every > 0 &&
+                           (round.epoch + 1) % h_.average_state_every == 0;
   if (state_round) {
-    state = *group;
-    state->group_id += "/state";
+    round.state = *round.group;
+    round.state->group_id += "/state";
   }
-  StepResult r;
-  if (h_.delay_optimizer_step) {
-    // The averaged gradients move to the offloaded copy; the update and the state round run in
-    // the background while the next micro-batches compute on the weights before it (one step
-    // stale, as hivemind's delay_optimizer_step); the model gets the result at the first
-    // micro-batch boundary after it is done, or at the next step at the latest. The skip
-    // decision (a non-finite norm) is taken here, so the loop's loss scaler sees it at once.
-    grads_to_masters();
-    zero_model_grads();
-    UpdateOutcome u;
-    u.grad_norm = grad_norm(masters_) * update_options(request, clip_).grad_scale;
-    u.applied = std::isfinite(u.grad_norm);
-    r = step_result(u, step, global_batch_);
-    std::lock_guard<std::mutex> lock(state_mu_);
-    epoch_ = round_epoch + 1;
-    if (u.applied) {
-      update_pending_ = true;
-      pending_ = std::thread([this, request, state, round_epoch] {
-        try {
-          update_masters(request);
-          // In the background the state round has an averaging_timeout of its own.
-          if (state) average_state(&*state, std::chrono::steady_clock::now() + ms(h_.averaging_timeout), round_epoch);
-        } catch (...) {
-          pending_error_ = std::current_exception();
-        }
-        {
-          std::lock_guard<std::mutex> lock(state_mu_);
-          update_pending_ = false;
-        }
-        state_cv_.notify_all();
-        pending_done_ = true;
-      });
-    } else {
-      for (auto& m : masters_) m.mutable_grad() = at::Tensor();
-    }
+}
+
+StepResult HivemindBackend::update_in_background(const StepRequest& request, int64_t step, const StepRound& round) {
+  const int64_t round_epoch = round.epoch;
+  const std::optional<hm::Group>& state = round.state;
+  // The averaged gradients move to the offloaded copy; the update and the state round run in
+  // the background while the next micro-batches compute on the weights before it (one step
+  // stale, as hivemind's delay_optimizer_step); the model gets the result at the first
+  // micro-batch boundary after it is done, or at the next step at the latest. The skip
+  // decision (a non-finite norm) is taken here, so the loop's loss scaler sees it at once.
+  grads_to_masters();
+  zero_model_grads();
+  UpdateOutcome u;
+  u.grad_norm = grad_norm(masters_) * update_options(request, clip_).grad_scale;
+  u.applied = std::isfinite(u.grad_norm);
+  StepResult r = step_result(u, step, global_batch_);
+  std::lock_guard<std::mutex> lock(state_mu_);
+  epoch_ = round_epoch + 1;
+  if (u.applied) {
+    update_pending_ = true;
+    pending_ = std::thread([this, request, state, round_epoch] {
+      try {
+        update_masters(request);
+        // In the background the state round has an averaging_timeout of its own.
+        if (state) average_state(&*state, std::chrono::steady_clock::now() + ms(h_.averaging_timeout), round_epoch);
+      } catch (...) {
+        pending_error_ = std::current_exception();
+      }
+      {
+        std::lock_guard<std::mutex> lock(state_mu_);
+        update_pending_ = false;
+      }
+      state_cv_.notify_all();
+      pending_done_ = true;
+    });
   } else {
-    // From the update to the next epoch the state changes: a donor's snapshot waits.
-    std::lock_guard<std::mutex> lock(state_mu_);
-    r = update(request, step);
-    zero_grads();
-    if (state) {
-      // Within the step's averaging_timeout, as the gradient round: step() never waits
-      // longer for its averaging. A state round left without time fails at once and every
-      // member keeps its parameters (the next one averages them).
-      average_state(&*state, deadline, round_epoch);
-      if (!masters_.empty()) masters_to_params();
-    }
-    epoch_ = round_epoch + 1;
+    for (auto& m : masters_) m.mutable_grad() = at::Tensor();
   }
+  return r;
+}
+
+StepResult HivemindBackend::update_now(const StepRequest& request, int64_t step, const StepRound& round) {
+  // From the update to the next epoch the state changes: a donor's snapshot waits.
+  std::lock_guard<std::mutex> lock(state_mu_);
+  StepResult r = update(request, step);
+  zero_grads();
+  if (round.state) {
+    // Within the step's averaging_timeout, as the gradient round: step() never waits
+    // longer for its averaging. A state round left without time fails at once and every
+    // member keeps its parameters (the next one averages them).
+    average_state(&*round.state, round.deadline, round.epoch);
+    if (!masters_.empty()) masters_to_params();
+  }
+  epoch_ = round.epoch + 1;
+  return r;
+}
+
+void HivemindBackend::enter_next_epoch() {
   // The next epoch. A peer that finds the swarm more than one epoch ahead reloads its state;
   // when that fails it jumps to the swarm's epoch with its own weights.
   const auto g = tracker_->global(false);
@@ -610,21 +630,57 @@ StepResult HivemindBackend::step(const StepRequest& request, int64_t step) {
   }
   tracker_->update_epoch(epoch_);
   donate();
+}
+
+void HivemindBackend::post_metrics(const StepRequest& request, const StepRound& round) {
   // For monitors: this peer's share of the global step it took part in. backward() received
   // each micro-batch's mean loss x loss_scale x samples / micro-batch.
   hm::StepMetrics sm;
-  sm.step = round_epoch + 1;
+  sm.step = round.epoch + 1;
   const double loss_sum = loss_sum_.defined() ? loss_sum_.item<double>() : 0.0;
-  sm.loss = loss_sum * static_cast<double>(micro_) / (request.loss_scale * static_cast<double>(local));
-  sm.samples = local;
+  sm.loss = loss_sum * static_cast<double>(micro_) / (request.loss_scale * static_cast<double>(round.local));
+  sm.samples = round.local;
   sm.samples_per_second = tracker_->samples_per_second();
   sm.mini_steps = mini_steps_;
   if (std::isfinite(sm.loss)) metrics_->post(sm);
+}
+
+StepResult HivemindBackend::step(const StepRequest& request, int64_t step) {
+  finish_update();
+  // One deadline for everything step() waits on (the progress refreshes, matchmaking, the
+  // gradient and state rounds): a slow DHT fetch under faults shortens the round instead of
+  // stretching the step past averaging_timeout.
+  StepRound round;
+  round.deadline = std::chrono::steady_clock::now() + ms(h_.averaging_timeout);
+  round.local = accounted_;
+  PT_CHECK(round.local > 0, "hivemind step with no local samples");
+  stepped_ = true;
+  scale_to_local_mean(round.local);
+  round.epoch = epoch_;
+  round.missed = "epoch " + std::to_string(round.epoch) + " ended without this peer";
+  {
+    StepResult r;
+    if (rejoin_if_alone(round, &r)) return r;
+  }
+  find_gradient_group(round);
+  if (!round.group && round.moved_on) {
+    StepResult r;
+    if (rejoin(round, &r)) return r;
+  }
+  const size_t averaged = average_gradients(round);
+  plan_state_round(round);
+  StepResult r;
+  if (h_.delay_optimizer_step)
+    r = update_in_background(request, step, round);
+  else
+    r = update_now(request, step, round);
+  enter_next_epoch();
+  post_metrics(request, round);
   accounted_ = 0;
   loss_sum_ = at::Tensor();
   mini_steps_ = 0;
   r.global_step = epoch_;
-  r.samples = std::max<int64_t>(swarm_samples_, local);
+  r.samples = std::max<int64_t>(swarm_samples_, round.local);
   r.group_size = static_cast<int64_t>(averaged);
   return r;
 }

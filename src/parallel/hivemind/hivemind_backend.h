@@ -91,6 +91,29 @@ class HivemindBackend : public ReplicatedBackend {
   /// failure, and copies its result into the model. Nothing when none is in flight.
   void finish_update();
 
+  // The phases of step(), in order.
+  struct StepRound;
+  /// Makes the gradient this peer's mean over its `local` samples (the loop normalised it by one micro-batch).
+  void scale_to_local_mean(int64_t local);
+  /// Drops this peer's progress and loads the swarm's state into `r`; false when that load failed.
+  bool rejoin(const StepRound& round, StepResult* r);
+  /// rejoin() when the swarm is past the round's epoch and no trainer peer is left at it.
+  bool rejoin_if_alone(const StepRound& round, StepResult* r);
+  /// Matchmaking for the round's gradient group (round.group; round.moved_on when the swarm moved past it).
+  void find_gradient_group(StepRound& round);
+  /// The gradient round with round.group (or a warning without one); returns the members averaged.
+  size_t average_gradients(const StepRound& round);
+  /// Sets round.state when this step also averages the state (every average_state_every epochs).
+  void plan_state_round(StepRound& round);
+  /// delay_optimizer_step: decides the skip, advances the epoch and starts the update in the background.
+  StepResult update_in_background(const StepRequest& request, int64_t step, const StepRound& round);
+  /// The update and the state round under state_mu_, then the next epoch.
+  StepResult update_now(const StepRequest& request, int64_t step, const StepRound& round);
+  /// Follows the swarm into the next epoch (reloading or jumping ahead when it is further) and announces it.
+  void enter_next_epoch();
+  /// Posts this peer's share of the global step (loss, samples, speed) for monitors.
+  void post_metrics(const StepRequest& request, const StepRound& round);
+
   HivemindConfig h_;
   std::shared_ptr<const hivemind::Identity> identity_;
   std::unique_ptr<hivemind::DhtNode> dht_;
