@@ -840,6 +840,26 @@ void expect_input_error(int world, int tp, const std::string& family, const std:
 
 }  // namespace
 
+// Rank 0's experiment folder reaches every rank of the grid (Backend::share): under TP a
+// rank's data-parallel group starts at another rank (rank 3's dp group is {1, 3}), so a share
+// over that group handed ranks 1 and 3 their own empty folder name and the first checkpoint
+// of a launched TP run failed on them.
+TEST(TpGrid, RankZerosValueReachesEveryRankOfTheGrid) {
+  for (int zero : {0, 2}) {
+    SCOPED_TRACE("ZeRO stage " + std::to_string(zero));
+    TempDir tmp("tp_share");
+    TpRun r{4, 2};
+    r.zero = zero;
+    const int port = free_port();
+    auto status = run_ranks(4, std::chrono::seconds(120), [&](int rank) {
+      Config cfg = run_config(tmp.path, r);
+      auto backend = make_backend(cfg, gloo(rank, 4, port));
+      return backend->share("from rank " + std::to_string(rank)) == "from rank 0" ? 0 : 10 + rank;
+    });
+    expect_ranks_pass(status);
+  }
+}
+
 TEST(TpErrors, HeadsNotDivisibleByTheTensorParallelSize) {
   expect_input_error(3, 3, "gpt2", "model.n_head (4) is not divisible by model_parallel_size (3)");
 }

@@ -132,7 +132,8 @@ StepResult DdpBackend::step(const StepRequest& request, int64_t step) {
   return r;
 }
 
-std::string DdpBackend::share(const std::string& value) { return share_from_rank0(*comm_, ctx_.device, value); }
+// Over the whole grid: under TP, comm_ is only this rank's dp group, whose first rank may not be rank 0.
+std::string DdpBackend::share(const std::string& value) { return share_from_rank0(world(), ctx_.device, value); }
 
 double DdpBackend::reduce_metric(double local_value) { return mean_over_ranks(*comm_, ctx_.device, local_value); }
 
