@@ -6,6 +6,9 @@
 #include <gtest/gtest.h>
 #include <opendht.h>
 #include <signal.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,6 +25,7 @@
 #include "polytrain/swarm/butterfly.h"
 #include "polytrain/swarm/dht.h"
 #include "polytrain/swarm/matchmaking.h"
+#include "polytrain/swarm/msgpack_fields.h"
 #include "polytrain/swarm/progress.h"
 #include "polytrain/swarm/record.h"
 #include "helpers/own_process.h"
@@ -450,6 +454,93 @@ TEST(Dht, ForgedForeignAndOversizeValuesAreNeitherStoredNorReturned) {
   EXPECT_EQ(got[0].counter, 20u);
   EXPECT_GE(victim.rejected().get(hm::Reject::kSignature), 1u) << victim.rejected().summary();
   EXPECT_GE(victim.rejected().get(hm::Reject::kWrongSlot), 1u) << victim.rejected().summary();
+}
+
+// ---- hostile datagrams: every DHT packet is parsed within a budget ----------------------
+
+namespace {
+
+// Nested msgpack headers that each declare far more elements than the datagram holds: a
+// plain msgpack::unpack reserves the declared count up front (array32 of 2^28: 6 GiB).
+std::string nested_headers(uint8_t marker, size_t bytes) {
+  std::string out;
+  while (out.size() + 5 <= bytes) out += std::string{static_cast<char>(marker), '\x10', '\0', '\0', '\0'};
+  return out;
+}
+
+int64_t rss_kib() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
+  return -1;
+}
+
+}  // namespace
+
+TEST(WireLimits, AMsgpackValueIsParsedOnlyWhenItsBytesBackWhatItDeclares) {
+  auto ok = [](const std::string& b, int depth = 32) { return hm::fields::bounded_msgpack(b.data(), b.size(), depth); };
+  msgpack::sbuffer buf;
+  msgpack::packer<msgpack::sbuffer> pk(buf);
+  pk.pack_map(2), pk.pack(std::string("y")), pk.pack(std::string("q"));
+  pk.pack(std::string("a")), pk.pack_array(3), pk.pack(1), pk.pack(std::string("two")), pk.pack_nil();
+  const std::string valid(buf.data(), buf.size());
+  EXPECT_TRUE(ok(valid));
+  EXPECT_FALSE(ok(valid + '\xc0')) << "a trailing byte";
+  EXPECT_FALSE(ok(valid.substr(0, valid.size() - 1))) << "a truncated value";
+  EXPECT_FALSE(ok("")) << "nothing";
+  EXPECT_FALSE(ok(nested_headers(0xdd, 5000))) << "array32 headers of 2^28 elements";
+  EXPECT_FALSE(ok(nested_headers(0xdf, 5000))) << "map32 headers of 2^28 pairs";
+  EXPECT_FALSE(ok(std::string("\xdb\x7f\xff\xff\xff", 5) + "abc")) << "a str32 longer than the datagram";
+  EXPECT_FALSE(ok(std::string("\xc6\x00\x01\x00\x00", 5) + "abc")) << "a bin32 longer than the datagram";
+  // Depth: 40 nested one-element arrays around a nil pass at depth 40, not at 16.
+  const std::string deep = std::string(40, '\x91') + '\xc0';
+  EXPECT_TRUE(ok(deep, 40));
+  EXPECT_FALSE(ok(deep, 16));
+  // The budget is the whole value's: 3 arrays of 3 declared in 7 bytes cannot all be backed.
+  EXPECT_FALSE(ok(std::string("\x93\x93\x93\xc0\xc0\xc0\xc0", 7)));
+  EXPECT_TRUE(ok(std::string("\x93\x92\xc0\xc0\xc0\xc0", 6)));
+}
+
+// The review's memory bomb: 5 KB datagrams of nested array32 / map32 headers sent to a swarm
+// node's DHT port took a peer from 0.36 to 8.4 GB. Now each is refused before any allocation:
+// 200 of them leave the node's memory where it was, are counted, and the node still serves a
+// peer that stores and reads a record through it.
+TEST(WireLimits, HostileDatagramsNeitherGrowTheNodeNorStopIt) {
+  hm::DhtOptions o;
+  o.run_id = "bombed";
+  o.listen = "127.0.0.1:0";
+  hm::DhtNode victim(o, std::make_shared<hm::Identity>(seeded(60)));
+  const std::string addr = victim.address();
+  const int port = std::stoi(addr.substr(addr.rfind(':') + 1));
+  const int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(static_cast<uint16_t>(port));
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const auto before_rejected = victim.rejected().total();
+  const int64_t before_kib = rss_kib();
+  const std::vector<std::string> kinds = {nested_headers(0xdd, 5000), nested_headers(0xdf, 5000),
+                                          std::string(200, '\x91') + '\xc0', std::string("\x81\xa1y\xa1q\xc0", 6)};
+  for (int i = 0; i < 200; ++i) {
+    const std::string& d = kinds[i % kinds.size()];
+    ASSERT_EQ(::sendto(fd, d.data(), d.size(), 0, reinterpret_cast<const sockaddr*>(&to), sizeof to),
+              static_cast<ssize_t>(d.size()));
+    if (i % 20 == 19) std::this_thread::sleep_for(10ms);  // let the socket's queue drain
+  }
+  ::close(fd);
+  EXPECT_TRUE(eventually([&] { return victim.rejected().total() >= before_rejected + 150; }, 10s))
+      << victim.rejected().summary();
+  const int64_t grown_kib = rss_kib() - before_kib;
+  std::printf("[wire] 200 hostile datagrams: %s; RSS %+lld KiB\n", victim.rejected().summary().c_str(),
+              static_cast<long long>(grown_kib));
+  EXPECT_LT(grown_kib, 64 * 1024) << "the node's memory grew by " << grown_kib << " KiB";
+  hm::DhtOptions p = o;
+  p.initial_peers = {addr};
+  hm::DhtNode probe(p, std::make_shared<hm::Identity>(seeded(61)));
+  EXPECT_TRUE(probe.store("bombed_progress", "progress", "epoch 1", 20s, 5s));
+  EXPECT_EQ(victim.fetch("bombed_progress", 3s).size(), 1u) << victim.rejected().summary();
 }
 
 // ---- progress (hivemind's ProgressTracker protocol) ---------------------------------------

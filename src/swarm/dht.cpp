@@ -15,6 +15,7 @@
 
 #include "polytrain/common/crc32c.h"
 #include "polytrain/common/error.h"
+#include "polytrain/swarm/msgpack_fields.h"
 
 namespace polytrain::hivemind {
 namespace {
@@ -50,7 +51,10 @@ bool is_str(const msgpack::object* o, std::string_view s) {
 // the record type in the packet itself; puts of values sent in parts (larger than a UDP
 // packet; records never are) and the parts themselves are dropped too. Other messages (ping,
 // find, get, listen, refresh, replies) pass.
+// Every packet is first checked by fields::bounded_msgpack (declared sizes backed by bytes,
+// depth <= 16, no trailing bytes), so parsing one costs at most ~24 bytes per byte received.
 bool allowed_packet(const uint8_t* data, size_t size) {
+  if (!fields::bounded_msgpack(reinterpret_cast<const char*>(data), size, 16)) return false;
   try {
     msgpack::object_handle oh = msgpack::unpack(reinterpret_cast<const char*>(data), size);
     const msgpack::object& msg = oh.get();

@@ -12,6 +12,36 @@
 
 namespace polytrain::hivemind::fields {
 
+/// Whether `data[0, size)` is exactly one msgpack value that its own bytes can back: every
+/// array element and every map key and value takes at least one byte, so the elements
+/// declared over the whole value add up to at most `size`; nesting stays within `max_depth`;
+/// nothing follows the value. Checked by a visitor that allocates nothing, before any
+/// msgpack::unpack: a 5-byte header declaring 2^28 elements would otherwise make unpack
+/// reserve 2^28 objects (6 GiB) up front. After this check unpack allocates at most
+/// sizeof(msgpack::object) per input byte.
+inline bool bounded_msgpack(const char* data, size_t size, int max_depth = 32) {
+  struct Budget : msgpack::null_visitor {
+    size_t left = 0;
+    int depth = 0, max_depth = 0;
+    bool start_array(uint32_t n) {
+      if (n > left || ++depth > max_depth) return false;
+      left -= n;
+      return true;
+    }
+    bool end_array() { return --depth, true; }
+    bool start_map(uint32_t n) {
+      if (n > left / 2 || ++depth > max_depth) return false;
+      left -= 2 * static_cast<size_t>(n);
+      return true;
+    }
+    bool end_map() { return --depth, true; }
+  } budget;
+  budget.left = size;
+  budget.max_depth = max_depth;
+  size_t off = 0;
+  return size > 0 && msgpack::parse(data, size, off, budget) && off == size;
+}
+
 /// The array of exactly `n` fields that is all of `payload`, or nullopt; `hold` keeps it alive.
 inline const msgpack::object* array_of(const std::string& payload, uint32_t n, msgpack::object_handle& hold) {
   size_t off = 0;
