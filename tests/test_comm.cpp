@@ -50,7 +50,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, GlooSuite, ::testing::Values(1, 2, 3, 4));
 // one-GPU machine (more GPUs: run tests/mpi-style under launch).
 TEST(Nccl, AllCollectivesOnTheGpu) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "needs CUDA (no GPU visible)";
-  PT_SKIP_UNLESS(comm_engine_available("nccl"), "NCCL in this build (a CUDA LibTorch and nccl.h, see README)");
+  PT_SKIP_UNLESS(comm_engine_available("nccl"), "NCCL in this build (a CUDA LibTorch and nccl.h, see docs/building.md)");
   auto comm = make_communicator(CommOptions{"nccl", std::chrono::seconds(60), true});
   EXPECT_EQ(comm->engine(), "nccl");
   comm_testing::run_collective_suite(*comm, at::Device(at::kCUDA, 0));

@@ -1,7 +1,7 @@
 // The ranks one launcher starts on this machine as one MPI job, without mpirun: the launcher is
 // their PMIx server, as Slurm or Flux is for the MPI programs they start directly. Open MPI then
 // wires the ranks through its shared-memory transport, several times Gloo's loopback TCP on one
-// host (README, "Intra-node all-reduce"), and `comm_backend: auto` picks it.
+// host (docs/parallelism.md, "Collectives on one host"), and `comm_backend: auto` picks it.
 #pragma once
 
 #include <memory>

@@ -28,8 +28,8 @@ std::unique_ptr<Communicator> make_communicator(const CommOptions& opts) {
   const DistEnv env = read_dist_env();
   // An MPI world exists when mpirun (or srun) started the job, or when polytrain's launcher made
   // its ranks on one host an MPI job through its PMIx server (POLYTRAIN_MPI_WORLD): on CPUs that
-  // is the faster engine (shared memory against Gloo's loopback TCP; README, "Intra-node
-  // all-reduce").
+  // is the faster engine (shared memory against Gloo's loopback TCP; docs/parallelism.md, "Collectives
+  // on one host").
   const char* served = std::getenv("POLYTRAIN_MPI_WORLD");
   const bool mpi_world = env.source == "openmpi" || env.source == "pmi" || (served && *served);
   if (engine == "auto") engine = opts.cuda ? "nccl" : (mpi_world && POLYTRAIN_WITH_MPI) ? "mpi" : "gloo";

@@ -5,8 +5,8 @@
 //     fails naming the operation and rank; mpirun then stops the other ranks.
 // A large all-reduce runs as a chain of segments, one after the other (2 MiB by default,
 // POLYTRAIN_MPI_SEGMENT_BYTES; 0 = whole): each segment's reduction then works from cache
-// instead of memory, 1.2-1.3x the bus bandwidth at 64 MB on 2 ranks here (README, "Intra-node
-// all-reduce"). MPI needs every rank to start its collectives on a communicator in the same
+// instead of memory, 1.2-1.3x the bus bandwidth at 64 MB on 2 ranks here (docs/parallelism.md, "Collectives
+// on one host"). MPI needs every rank to start its collectives on a communicator in the same
 // order, so each communicator starts them from one queue, in call order: an operation starts
 // only once every step of the ones before it has started.
 #include "polytrain/parallel/comm/mpi_communicator.h"
