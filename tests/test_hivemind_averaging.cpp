@@ -612,15 +612,31 @@ TEST(StateDownload, SilentDonorsEndAtTheOneDeadlineAndChoiceFollowsEpochThenMajo
   EXPECT_NE(rep.donors_failed[0].find("mute"), std::string::npos);
   silent.stop();
 
-  // Choice: the newest epoch, then the digest most donors agree on; oversize and stale dropped.
+  // Choice: the state (epoch, digest, size) most donors announce, the newest on a tie; oversize,
+  // stale and unvouched (above max_epoch) ones dropped. A lone donor far ahead (a forged epoch)
+  // does not beat two that agree.
   const auto a = hm::digest32("a"), b = hm::digest32("b");
   std::vector<hm::DonorInfo> all = {{"old", "h:1", 3, 10, a},   {"b1", "h:2", 4, 10, b},  {"a1", "h:3", 4, 10, a},
-                                    {"a2", "h:4", 4, 10, a},    {"big", "h:5", 9, uint64_t{1} << 40, a}};
+                                    {"a2", "h:4", 4, 10, a},    {"big", "h:5", 9, uint64_t{1} << 40, a},
+                                    {"forger", "h:6", 5000, 10, b}};
   o.max_bytes = 1 << 20;
   auto chosen = hm::choose_donors(all, o);
   ASSERT_EQ(chosen.size(), 2u);
   for (const auto& d : chosen) EXPECT_EQ(d.peer_id[0], 'a');
+  o.max_epoch = 3;
+  chosen = hm::choose_donors(all, o);
+  ASSERT_EQ(chosen.size(), 1u);
+  EXPECT_EQ(chosen[0].peer_id, "old");
+  o.max_epoch = INT64_MAX;
+  all.push_back({"b2", "h:7", 4, 10, b});
+  all.push_back({"c1", "h:8", 6, 10, b});
+  all.push_back({"c2", "h:9", 6, 10, b});
+  chosen = hm::choose_donors(all, o);  // (4, a), (4, b) and (6, b) have 2 each: the newest
+  ASSERT_EQ(chosen.size(), 2u);
+  for (const auto& d : chosen) EXPECT_EQ(d.peer_id[0], 'c');
+  all.resize(6);
   o.min_epoch = 5;
+  o.max_epoch = 4999;
   EXPECT_TRUE(hm::choose_donors(all, o).empty());
   EXPECT_FALSE(hm::download_state({}, o, &rep).has_value());
   EXPECT_FALSE(rep.why_none.empty());

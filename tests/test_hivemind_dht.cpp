@@ -564,7 +564,14 @@ TEST(Progress, GlobalEpochSamplesAndEtaFollowHivemindsRules) {
   EXPECT_NEAR(g.eta_next_epoch, now + 50.0 / 40.0, 1e-9);
   EXPECT_FALSE(hm::ready_to_update_epoch(g, 3, now));
   EXPECT_TRUE(hm::ready_to_update_epoch(g, 3, g.eta_next_epoch));
-  others.push_back({4, 1, 1.0, now, false});  // a trainer ahead moves everyone on
+  // One trainer ahead of the 3 others does not move anyone (2 of 3 must vouch): its epoch is
+  // claimed, not adopted; a second one at that epoch moves everyone on.
+  others.push_back({4, 1, 1.0, now, false});
+  g = hm::aggregate_progress(others, self, 100, now);
+  EXPECT_EQ(g.epoch, 3);
+  EXPECT_EQ(g.claimed_epoch, 4);
+  EXPECT_EQ(g.vouchers, 2);
+  others[1].epoch = 4;
   g = hm::aggregate_progress(others, self, 100, now);
   EXPECT_EQ(g.epoch, 4);
   EXPECT_TRUE(hm::ready_to_update_epoch(g, 3, now));
@@ -581,6 +588,33 @@ TEST(Progress, GlobalEpochSamplesAndEtaFollowHivemindsRules) {
   EXPECT_FALSE(hm::decode_progress(hm::encode_progress(nan)));
 }
 
+// The forged epoch of the review: one peer resumed from a checkpoint at step 5000 joins a swarm
+// at epoch 5. Its claim is reported, not adopted, whatever the others' numbers; a newcomer that
+// has not trained yet (no throughput) does not vote, so a lone founder still brings a newcomer
+// in; and with k hostile trainers among m, the epoch moves only when k >= epoch_vouchers(m).
+TEST(Progress, NoEpochIsAdoptedOnOnePeersWord) {
+  const double now = 1000.0;
+  EXPECT_EQ(hm::epoch_vouchers(0), 0);
+  EXPECT_EQ(hm::epoch_vouchers(1), 1);
+  EXPECT_EQ(hm::epoch_vouchers(2), 2);
+  EXPECT_EQ(hm::epoch_vouchers(3), 2);
+  EXPECT_EQ(hm::epoch_vouchers(4), 3);
+  EXPECT_EQ(hm::epoch_vouchers(9), 5);
+  hm::PeerProgress honest{5, 8, 10.0, now, false}, forger{5000, 0, 10.0, now, false};
+  auto g = hm::aggregate_progress({honest, forger}, honest, 32, now);
+  EXPECT_EQ(g.epoch, 5);
+  EXPECT_EQ(g.claimed_epoch, 5000);
+  EXPECT_EQ(g.samples_accumulated, 16) << "the forger's samples are at another epoch";
+  // Two forged identities against two honest others: 2 of 4 others is not enough (3 must vouch).
+  g = hm::aggregate_progress({honest, honest, forger, forger}, honest, 32, now);
+  EXPECT_EQ(g.epoch, 5);
+  // A newcomer at 0 with one founder at 8 and another newcomer still loading (no throughput).
+  hm::PeerProgress newcomer{0, 0, 0.0, now, false}, founder{8, 4, 10.0, now, false};
+  EXPECT_EQ(hm::aggregate_progress({founder, newcomer}, newcomer, 32, now).epoch, 8);
+  // This peer's own epoch is its own: a forger's own view keeps it.
+  EXPECT_EQ(hm::aggregate_progress({honest, honest}, forger, 32, now).epoch, 5000);
+}
+
 TEST(Progress, ThreePeersSeeTheSwarmsSamplesThroughTheDht) {
   hm::DhtOptions o;
   o.run_id = "progress-test";
@@ -595,8 +629,14 @@ TEST(Progress, ThreePeersSeeTheSwarmsSamplesThroughTheDht) {
   EXPECT_TRUE(eventually([&] { return t[0]->global(true).samples_accumulated == 8 + 16 + 24; }, 10s))
       << t[0]->global().samples_accumulated;
   EXPECT_EQ(t[0]->global().num_peers, 3);
-  // Peer 2 steps into epoch 1: the others see the epoch move on.
+  // Peer 2 steps into epoch 1: alone that is its claim (peer 1 needs 2 of its 2 others to
+  // vouch, once it sees both have trained); once peer 0 is there too, peer 1 sees the epoch
+  // move on.
+  ASSERT_TRUE(eventually([&] { return t[1]->global(true).samples_accumulated == 8 + 16 + 24; }, 10s));
   t[2]->update_epoch(1);
+  EXPECT_TRUE(eventually([&] { return t[1]->global(true).claimed_epoch == 1; }, 10s));
+  EXPECT_EQ(t[1]->global().epoch, 0);
+  t[0]->update_epoch(1);
   EXPECT_TRUE(eventually([&] { return t[1]->global(true).epoch == 1; }, 10s));
   EXPECT_TRUE(hm::ready_to_update_epoch(t[1]->global(), t[1]->local_epoch(), hm::unix_seconds()));
   // Latency: from a publish to a reader's fetch that sees it.

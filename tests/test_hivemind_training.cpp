@@ -669,6 +669,69 @@ TEST_F(Swarm, OffloadedUpdatesMatchAndDelayedOnesAreOneStepStale) {
   EXPECT_GT(max_difference(weights("delay0", kSteps), weights("frozen0", kSteps)), 0.0);
 }
 
+// The review's takeover: a peer resumed from a real checkpoint whose complete.json says step
+// 5000 joined a swarm at epoch 5, and within seconds both honest peers "loaded the swarm's state
+// at epoch 5000" from it and ended with its weights. Now an epoch needs vouchers (progress.h):
+// the forger's is claimed, not adopted. Each honest peer loads nothing, reaches its own last
+// step, and both end with the same bits, within 1e-5 of one process that trains the same
+// samples (where an unattacked pair ends).
+TEST_F(Swarm, AForgedEpochTakesNoPeerOver) {
+  constexpr int kSteps = 10;
+  // The forger's checkpoint: one real step (the swarm's global batch, 32), its marker edited.
+  const auto made = polytrain::testing::run_program(
+      base("forged") + " --max_steps 1 --save_interval 1 --env_type pytorch --train_batch_size 32"
+                       " --train_micro_batch_size_per_gpu 16");
+  ASSERT_EQ(made.code, 0) << made.out;
+  const fs::path marker = dir / "forged" / "global_step1" / "complete.json";
+  json m;
+  std::ifstream(marker) >> m;
+  m["step"] = 5000;
+  std::ofstream(marker) << m.dump();
+
+  const std::string first = "127.0.0.1:" + std::to_string(polytrain::testing::free_port());
+  const std::string run_id = "swarm-forged-" + std::to_string(::getpid());
+  const std::string common = " --env_type hivemind --train_batch_size 16 --train_micro_batch_size_per_gpu 16"
+                             " --target_batch_size 32 --num_streams 2 --run_id " + run_id +
+                             " --matchmaking_time 10 --averaging_timeout 30";
+  std::vector<std::unique_ptr<OwnProcess>> honest;
+  for (int k = 0; k < 2; ++k) {
+    const std::string name = "peer" + std::to_string(k);
+    const std::string cmd = "OMP_NUM_THREADS=1 exec " + base(name) + " --max_steps " + std::to_string(kSteps) +
+                            " --save_interval " + std::to_string(kSteps) + common + " --expected_peers 2 --stream_index " +
+                            std::to_string(k) + (k == 0 ? " --listen " + first : " --listen 127.0.0.1:0 --initial_peers " + first);
+    honest.push_back(std::make_unique<OwnProcess>(cmd, POLYTRAIN_SOURCE_DIR, (dir / (name + ".log")).string()));
+    if (k == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+  ASSERT_TRUE(polytrain::testing::wait_until(
+      [&] { return honest[0]->output().find("step 3/") != std::string::npos || !honest[0]->running(); }, 180))
+      << honest[0]->output();
+  OwnProcess forger("OMP_NUM_THREADS=1 exec " + base("forger") + " --max_steps 5010 --load_dir '" + (dir / "forged").string() +
+                        "'" + common + " --stream_index 0 --listen 127.0.0.1:0 --initial_peers " + first,
+                    POLYTRAIN_SOURCE_DIR, (dir / "forger.log").string());
+  ASSERT_TRUE(all_finish(honest, 300)) << "the honest peers did not finish in 300 s";
+  const bool forger_ran = forger.running();
+  forger.signal(SIGTERM);
+  forger.wait();
+  EXPECT_TRUE(forger_ran) << "the forger ended early:\n" << forger.output();
+  EXPECT_NE(forger.output().find("at step 5000"), std::string::npos) << forger.output();
+  bool reported = false;
+  for (auto& p : honest) {
+    EXPECT_EQ(p->output().find("loaded the swarm's state"), std::string::npos) << p->output();
+    EXPECT_EQ(p->output().find("jumping ahead"), std::string::npos) << p->output();
+    reported = reported || p->output().find("claims epoch 5000") != std::string::npos;
+  }
+  EXPECT_TRUE(reported) << "no honest peer saw the forged claim: the test shows nothing\n" << honest[0]->output();
+  const auto w0 = weights("peer0", kSteps);
+  EXPECT_EQ(max_difference(w0, weights("peer1", kSteps)), 0.0);
+  const auto ref = polytrain::testing::run_program(base("ref") + " --max_steps " + std::to_string(kSteps) +
+                                                   " --save_interval " + std::to_string(kSteps) +
+                                                   " --env_type pytorch --train_batch_size 32 --train_micro_batch_size_per_gpu 16");
+  ASSERT_EQ(ref.code, 0) << ref.out;
+  const double d = max_difference(weights("ref", kSteps), w0);
+  std::printf("[swarm] forged epoch 5000: honest peers vs one process after %d steps: %.3g\n", kSteps, d);
+  EXPECT_LE(d, 1e-5);
+}
+
 // hivemind's client mode: a volunteer behind a NAT or firewall. The client-mode peer runs in a
 // network namespace of its own whose only link is a veth pair to this one, and whose firewall
 // drops every inbound packet that opens a flow (checked first: a listener inside cannot be

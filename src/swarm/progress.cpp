@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <msgpack.hpp>
 
 #include "polytrain/swarm/msgpack_fields.h"
@@ -47,6 +48,8 @@ std::optional<PeerProgress> decode_progress(const std::string& payload) {
   }
 }
 
+int epoch_vouchers(int m) { return m <= 2 ? m : std::max(2, m / 2 + 1); }
+
 GlobalProgress aggregate_progress(const std::vector<PeerProgress>& others, const PeerProgress& self,
                                   int64_t target_batch_size, double now, double min_refresh, double max_refresh) {
   GlobalProgress g;
@@ -54,10 +57,21 @@ GlobalProgress aggregate_progress(const std::vector<PeerProgress>& others, const
   g.others = others;
   std::vector<PeerProgress> all = others;
   all.push_back(self);
+  // No epoch on one peer's word: the vouchers-th highest epoch of the other trainers that have
+  // trained (a newcomer still loading has no throughput yet and does not vote).
+  std::vector<int64_t> epochs;
+  g.claimed_epoch = self.epoch;
+  for (const auto& p : others) {
+    if (p.client_mode) continue;
+    g.claimed_epoch = std::max(g.claimed_epoch, p.epoch);
+    if (p.samples_per_second > 0.0) epochs.push_back(p.epoch);
+  }
+  for (const auto& p : all) g.num_clients += p.client_mode;
+  g.vouchers = epoch_vouchers(static_cast<int>(epochs.size()));
   g.epoch = self.epoch;
-  for (const auto& p : all) {
-    if (!p.client_mode) g.epoch = std::max(g.epoch, p.epoch);
-    g.num_clients += p.client_mode;
+  if (g.vouchers > 0) {
+    std::nth_element(epochs.begin(), epochs.begin() + (g.vouchers - 1), epochs.end(), std::greater<int64_t>());
+    g.epoch = std::max(g.epoch, epochs[g.vouchers - 1]);
   }
   g.num_peers = static_cast<int>(all.size());
   double total_sps = 0.0, estimated = 0.0;

@@ -2,7 +2,12 @@
 //
 // Every peer publishes {epoch, samples_accumulated, samples_per_second, time, client_mode}
 // under `{run_id}_progress` (one record per peer, replaced on each publish). From all of them:
-//  - the global epoch is the highest epoch of any non-client peer (and at least our own);
+//  - the global epoch is vouched for, not claimed: the highest epoch that enough of the other
+//    trainers (non-client peers that have trained: samples_per_second > 0) have reached, and
+//    at least our own. Enough = epoch_vouchers(m) of the m such peers: all of them up to 2,
+//    then a strict majority but at least 2. So k hostile identities among them cannot move a
+//    peer's epoch while k < epoch_vouchers(m); an epoch claimed by fewer is reported
+//    (claimed_epoch), not adopted;
 //  - samples accumulated count only peers at that epoch;
 //  - the ETA of the next epoch extrapolates each such peer's samples from its report time at
 //    its throughput: remaining = target - sum(samples_i + sps_i * (now - time_i)),
@@ -42,8 +47,14 @@ std::string encode_progress(const PeerProgress& p);
 /// Strict: a well-formed payload with finite, non-negative numbers, or nothing.
 std::optional<PeerProgress> decode_progress(const std::string& payload);
 
+/// How many of `m` other trainers must have reached an epoch for a peer to adopt it: m up to 2,
+/// then max(2, a strict majority).
+int epoch_vouchers(int m);
+
 struct GlobalProgress {
   int64_t epoch = 0;
+  int64_t claimed_epoch = 0;  ///< the highest epoch any trainer claims (> epoch: not vouched for)
+  int vouchers = 0;           ///< how many trainers had to vouch for an epoch above our own
   int64_t samples_accumulated = 0;
   int64_t samples_reserved = 0;  ///< accumulated plus in flight, at the global epoch
   int64_t target_batch_size = 0;

@@ -10,6 +10,7 @@
 #include <map>
 #include <random>
 #include <thread>
+#include <tuple>
 
 #include "polytrain/common/crc32c.h"
 #include "polytrain/common/error.h"
@@ -332,16 +333,16 @@ void StateDonor::serve(Connection& c, const Frame& first) {
 // Newcomer
 
 std::vector<DonorInfo> choose_donors(std::vector<DonorInfo> all, const DownloadOptions& o) {
-  int64_t newest = -1;
-  for (const auto& d : all)
-    if (d.epoch >= o.min_epoch && d.size > 0 && d.size <= o.max_bytes) newest = std::max(newest, d.epoch);
-  if (newest < 0) return {};
-  std::map<std::pair<Digest, uint64_t>, std::vector<DonorInfo>> by_state;
+  std::map<std::tuple<int64_t, Digest, uint64_t>, std::vector<DonorInfo>> by_state;
   for (auto& d : all)
-    if (d.epoch == newest && d.size > 0 && d.size <= o.max_bytes) by_state[{d.digest, d.size}].push_back(std::move(d));
+    if (d.epoch >= o.min_epoch && d.epoch <= o.max_epoch && d.size > 0 && d.size <= o.max_bytes)
+      by_state[{d.epoch, d.digest, d.size}].push_back(std::move(d));
   std::vector<DonorInfo>* best = nullptr;
+  int64_t best_epoch = -1;
   for (auto& [k, v] : by_state)
-    if (!best || v.size() > best->size()) best = &v;
+    if (!best || v.size() > best->size() || (v.size() == best->size() && std::get<0>(k) > best_epoch))
+      best = &v, best_epoch = std::get<0>(k);
+  if (!best) return {};
   std::vector<DonorInfo> out = std::move(*best);
   std::mt19937_64 rng(o.seed ? o.seed : std::random_device{}());
   std::shuffle(out.begin(), out.end(), rng);

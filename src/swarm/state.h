@@ -138,6 +138,9 @@ struct DownloadOptions {
   size_t chunk_bytes = size_t{1} << 20;                   ///< frames within a piece
   uint64_t max_bytes = uint64_t{16} << 30;                ///< refuse larger announced states
   int64_t min_epoch = 0;                                  ///< ignore donors behind this
+  /// Ignore donors ahead of this: the epoch the swarm vouches for (progress.h), so that a state
+  /// claimed at an epoch no one else reached is never loaded.
+  int64_t max_epoch = INT64_MAX;
   uint64_t seed = 0;                                      ///< donor order (0: random)
 };
 
@@ -149,8 +152,10 @@ struct DownloadReport {
   std::string why_none;  ///< when nothing was returned
 };
 
-/// Chooses the donors to load from: the newest epoch >= min_epoch, the digest most of them
-/// agree on, size <= max_bytes; in a random order (seeded by o.seed when nonzero).
+/// Chooses the donors to load from: among the states (epoch, digest, size) at an epoch in
+/// [min_epoch, max_epoch] and size <= max_bytes, the one the most donors announce (the newest on
+/// a tie), so that one donor's word does not beat an agreeing majority; in a random order
+/// (seeded by o.seed when nonzero).
 std::vector<DonorInfo> choose_donors(std::vector<DonorInfo> all, const DownloadOptions& o);
 
 /// Asks the donor at `address` for its manifest at `min_epoch` or later (it snapshots on

@@ -279,6 +279,10 @@ bool HivemindBackend::reload_from_peers(const std::string& why) {
   o.request_timeout = ms(h_.request_timeout);
   o.next_chunk_timeout = ms(h_.next_chunk_timeout);
   o.min_epoch = epoch_ + 1;
+  // Never a state at an epoch the swarm does not vouch for (a peer's claim alone).
+  const auto g = tracker_->global(false);
+  report_unvouched(g);
+  o.max_epoch = g.epoch;
   // A state is this model's parameters and at most a few copies more (optimizer moments).
   int64_t n = 0;
   for (const auto& p : params_) n += p.numel();
@@ -311,6 +315,15 @@ bool HivemindBackend::reload_from_peers(const std::string& why) {
   return true;
 }
 
+void HivemindBackend::report_unvouched(const hm::GlobalProgress& g) {
+  if (g.claimed_epoch <= g.epoch || reported_claim_) return;
+  reported_claim_ = true;
+  std::fprintf(stderr,
+               "hivemind: a peer claims epoch %lld, but fewer than %d of the other trainers have reached it: this "
+               "peer stays with the swarm's epoch %lld (said once)\n",
+               static_cast<long long>(g.claimed_epoch), std::max(1, g.vouchers), static_cast<long long>(g.epoch));
+}
+
 int64_t HivemindBackend::catch_up(int64_t step) {
   {
     std::lock_guard<std::mutex> lock(state_mu_);
@@ -318,6 +331,7 @@ int64_t HivemindBackend::catch_up(int64_t step) {
   }
   tracker_->update_epoch(epoch_);
   const auto g = tracker_->global(true);
+  report_unvouched(g);
   if (g.epoch > epoch_) reload_from_peers(step == 0 ? "joining a swarm at epoch " + std::to_string(g.epoch)
                                                      : "resumed at epoch " + std::to_string(step) +
                                                            ", the swarm is at " + std::to_string(g.epoch));
@@ -622,6 +636,7 @@ void HivemindBackend::enter_next_epoch() {
   // The next epoch. A peer that finds the swarm more than one epoch ahead reloads its state;
   // when that fails it jumps to the swarm's epoch with its own weights.
   const auto g = tracker_->global(false);
+  report_unvouched(g);
   if (g.epoch > epoch_ && !reload_from_peers("the swarm is at epoch " + std::to_string(g.epoch) + ", this peer at " +
                                              std::to_string(epoch_))) {
     std::fprintf(stderr, "hivemind: jumping ahead to epoch %lld with this peer's weights\n", static_cast<long long>(g.epoch));

@@ -44,6 +44,7 @@ class Router;
 class Server;
 class StateDonor;
 class MetricsPublisher;
+struct GlobalProgress;
 }  // namespace hivemind
 
 class HivemindBackend : public ReplicatedBackend {
@@ -78,6 +79,8 @@ class HivemindBackend : public ReplicatedBackend {
   /// Loads the swarm's newest state from donors ahead of epoch_; false (said on stderr) when
   /// none could be loaded.
   bool reload_from_peers(const std::string& why);
+  /// Says once that a peer claims an epoch the swarm does not vouch for (progress.h).
+  void report_unvouched(const hivemind::GlobalProgress& g);
   void donate();
   /// One averaging round over `tensors` (their gradients with `grads`), ending by `round_end`
   /// (the round's averaging_timeout, matchmaking included) or allreduce_timeout, the earlier.
@@ -135,6 +138,7 @@ class HivemindBackend : public ReplicatedBackend {
   mutable int64_t swarm_samples_ = 0;  ///< the swarm's samples when this peer stopped accumulating
   std::set<std::string> known_peers_;  ///< peers expected to announce in this epoch
   bool stepped_ = false;               ///< a global step was taken since the start
+  bool reported_claim_ = false;        ///< an unvouched epoch claim was reported
   at::Tensor flat_;                    ///< CPU float32 staging for averaging
   /// Held while the parameters, optimizer state or epoch change; a donor's snapshot takes it.
   mutable std::mutex state_mu_;
