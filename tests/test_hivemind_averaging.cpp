@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "helpers/free_port.h"
@@ -96,6 +97,56 @@ TEST(Butterfly, PartsFollowBandwidthAndClientsReduceNothing) {
   const auto s = hm::part_sizes(1000, g);
   EXPECT_EQ(s, (std::vector<size_t>{250, 0, 750}));
   EXPECT_EQ(hm::part_sizes(7, g)[0] + hm::part_sizes(7, g)[2], 7u);
+}
+
+// A member declaring a huge bandwidth reduces at most kMaxBandwidthRatio x the median share.
+TEST(Butterfly, AHugeDeclaredBandwidthIsCappedAtFourTimesTheMedian) {
+  hm::Group g;
+  g.members = {{"a", "h:1", 1.0}, {"b", "h:2", 1.0}, {"liar", "h:3", 1e300}};
+  EXPECT_EQ(hm::part_sizes(600, g), (std::vector<size_t>{100, 100, 400}));
+  g.members.push_back({"c", "h:4", 3.0});  // the lower median of {1, 1, 3, 1e300} is 1
+  EXPECT_EQ(hm::part_sizes(900, g), (std::vector<size_t>{100, 100, 400, 300}));
+}
+
+// Poisoning from inside a group (a member that is honest code with hostile inputs): peer 1's
+// vector holds NaNs and peer 2 claims 1e12 samples against a max_weight of 100. Every reducer
+// leaves both out of its part (peer 1 and peer 2 their own contributions too) and names them;
+// all four end with the same bits, the weighted average of peers 0 and 3 alone. Before, the NaN
+// reached every member (each then skipped its step) and the 1e12 weight replaced the average.
+TEST(Butterfly, NonFiniteAndOverweightContributionsAreLeftOutAndNamed) {
+  const size_t n = 100'003;
+  std::vector<std::unique_ptr<Peer>> peers;
+  for (int i = 0; i < 4; ++i) peers.push_back(std::make_unique<Peer>(false));
+  auto g = group_of(peers, "poisoned");
+  std::vector<std::vector<float>> v;
+  for (int i = 0; i < 4; ++i) v.push_back(random_vector(n, 40 + i));
+  for (size_t k = 0; k < n; k += 997) v[1][k] = std::numeric_limits<float>::quiet_NaN();  // in every part
+  v[1][n - 1] = std::numeric_limits<float>::infinity();
+  const std::vector<double> w = {10, 20, 1e12, 30};
+  hm::AllReduceOptions o;
+  o.chunk_elements = 20'000;
+  o.max_weight = 100;
+  std::vector<hm::AllReduceReport> reports(4);
+  std::vector<std::thread> t;
+  for (size_t i = 0; i < 4; ++i)
+    t.emplace_back([&, i] {
+      auto gi = g;
+      gi.self = i;
+      reports[i] = peers[i]->averager.allreduce(gi, v[i].data(), n, w[i], o);
+    });
+  for (auto& th : t) th.join();
+  double worst = 0;
+  const auto a = random_vector(n, 40), d = random_vector(n, 43);
+  for (size_t k = 0; k < n; ++k)
+    worst = std::max(worst, std::isfinite(v[0][k]) ? std::fabs(v[0][k] - (10.0 * a[k] + 30.0 * d[k]) / 40.0)
+                                                   : std::numeric_limits<double>::infinity());
+  EXPECT_LE(worst, 1e-6);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(std::memcmp(v[i].data(), v[0].data(), n * 4), 0) << "peer " << i << " differs from peer 0";
+    std::set<std::string> named(reports[i].rejected_senders.begin(), reports[i].rejected_senders.end());
+    EXPECT_EQ(named, (std::set<std::string>{"peer1", "peer2"})) << "peer " << i << ": " << reports[i].warning();
+    EXPECT_NE(reports[i].warning().find("non-finite"), std::string::npos) << reports[i].warning();
+  }
 }
 
 TEST(Butterfly, FourPeersEndWithTheSameBitsTheExactWeightedAverage) {

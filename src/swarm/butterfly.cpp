@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <numeric>
 #include <sstream>
 #include <thread>
@@ -20,6 +22,18 @@ Deadline earliest(Deadline a, Deadline b) { return std::min(a, b); }
 
 // Every element is written before it is read: no zero-filling pass over part-sized buffers.
 std::unique_ptr<float[]> uninitialized(size_t n) { return std::unique_ptr<float[]>(new float[std::max<size_t>(n, 1)]); }
+
+// Whether all n values are finite: no exponent of all ones (NaN, infinity). An integer OR
+// over the bits, which the compiler vectorises (a float sum would keep its order, scalar).
+bool all_finite(const float* v, size_t n) {
+  uint32_t bad = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t b;
+    std::memcpy(&b, v + i, sizeof b);
+    bad |= static_cast<uint32_t>((b & 0x7f800000u) == 0x7f800000u);
+  }
+  return bad == 0;
+}
 
 // mine[i] = (w0 mine[i] + w1 v1[i] + w2 v2[i] + ...) / divisor, the sum in double in sender
 // order. One input (two members) runs as one fused loop, memory-bound; more in blocks, each
@@ -56,7 +70,7 @@ void weighted_mean(float* __restrict mine, size_t n, double w0, const std::vecto
 }  // namespace
 
 std::string AllReduceReport::warning() const {
-  if (failed_reducers.empty() && excluded_senders.empty()) return "";
+  if (failed_reducers.empty() && excluded_senders.empty() && rejected_senders.empty()) return "";
   std::ostringstream os;
   if (!failed_reducers.empty()) {
     os << "averaging: " << failed_reducers.size() << " reducer(s) failed, " << std::fixed;
@@ -66,6 +80,11 @@ std::string AllReduceReport::warning() const {
   if (!excluded_senders.empty())
     os << (failed_reducers.empty() ? "averaging: " : "; ") << excluded_senders.size()
        << " sender(s) excluded from this peer's part";
+  if (!rejected_senders.empty()) {
+    os << (failed_reducers.empty() && excluded_senders.empty() ? "averaging: " : "; ")
+       << "left out for non-finite values or a weight out of bounds:";
+    for (const auto& id : rejected_senders) os << ' ' << id;
+  }
   return os.str();
 }
 
@@ -74,6 +93,16 @@ std::vector<size_t> part_sizes(size_t n, const Group& g) {
   for (size_t i = 0; i < bw.size(); ++i)
     if (!g.members[i].address.empty() && g.members[i].bandwidth > 0 && std::isfinite(g.members[i].bandwidth))
       bw[i] = g.members[i].bandwidth;
+  // No reducer above kMaxBandwidthRatio x the median reducer (the lower median: the same on
+  // every member, and a lone huge claim never is it).
+  std::vector<double> positive;
+  for (double b : bw)
+    if (b > 0) positive.push_back(b);
+  if (!positive.empty()) {
+    std::nth_element(positive.begin(), positive.begin() + (positive.size() - 1) / 2, positive.end());
+    const double cap = kMaxBandwidthRatio * positive[(positive.size() - 1) / 2];
+    for (double& b : bw) b = std::min(b, cap);
+  }
   const double total = std::accumulate(bw.begin(), bw.end(), 0.0);
   PT_CHECK(total > 0, "a group with no member that reduces (all clients)");
   std::vector<size_t> sizes(bw.size(), 0);
@@ -317,6 +346,7 @@ void receive_result(Connection& c, const AllReduceCall& p, size_t j, Outgoing& o
       if (!c.receive_into(d, kMsgResult, &index, 8, result.get(), m * 4, f, 4096))
         throw NetError(NetError::Kind::kProtocol, "refused: " + f.payload.substr(0, 200));
       if (index != k) throw NetError(NetError::Kind::kProtocol, "result chunk out of order");
+      if (!all_finite(result.get(), m)) throw NetError(NetError::Kind::kProtocol, "non-finite result");
       std::copy(result.get(), result.get() + m, data + off + lo);
     } else {
       f = c.receive(d, compressed_bytes(o.compression, m) + 8 + 4096);
@@ -325,6 +355,7 @@ void receive_result(Connection& c, const AllReduceCall& p, size_t j, Outgoing& o
       if (fr.u64() != k) throw NetError(NetError::Kind::kProtocol, "result chunk out of order");
       if (!decompress(o.compression, fr.rest(), result.get(), m))
         throw NetError(NetError::Kind::kProtocol, "result chunk of the wrong size");
+      if (!all_finite(result.get(), m)) throw NetError(NetError::Kind::kProtocol, "non-finite result");
       for (size_t i = 0; i < m; ++i) data[off + lo + i] += result[i];
     }
     out.kept -= m;
@@ -362,12 +393,24 @@ void reduce_own_part(Averager::Round& r, const AllReduceCall& p, AllReduceReport
   while (!settled() && Clock::now() < deadline)  // every change of a sender's state notifies
     r.cv.wait_until(lock, Clock::now() < r.first_contact ? r.first_contact : deadline);
   const size_t off = p.offsets[g.self];
-  double total = weight;
-  size_t count = 1;
+  float* mine = p.data + off;
+  // A contribution with a non-finite value or a weight above max_weight is left out (this
+  // peer's own too): one member's NaN or 1e15 samples no longer reach the whole group.
+  auto acceptable = [&](double w, const float* v) { return w <= p.o.max_weight && all_finite(v, r.len); };
+  const bool self_in = acceptable(weight, mine);
+  if (!self_in) report->rejected_senders.push_back(g.members[g.self].peer_id);
+  double total = self_in ? weight : 0.0;
+  size_t count = self_in ? 1 : 0;
   std::vector<std::pair<double, const float*>> in;  // the senders that delivered all of it
+  size_t delivered = 0;                             // ... of which the rejected ones, too
   for (auto& [i, s] : r.senders) {
     if (s.state != Round::State::kComplete) {
       report->excluded_senders.push_back(g.members[i].peer_id);
+      continue;
+    }
+    ++delivered;
+    if (!acceptable(s.weight, s.values.get())) {
+      report->rejected_senders.push_back(g.members[i].peer_id);  // still gets the average back
       continue;
     }
     total += s.weight;
@@ -376,14 +419,22 @@ void reduce_own_part(Averager::Round& r, const AllReduceCall& p, AllReduceReport
   }
   // Nobody accumulated samples: the plain mean.
   const bool plain = !(total > 0);
-  const double w0 = plain ? 1.0 : weight, divisor = plain ? static_cast<double>(count) : total;
+  const double w0 = !self_in ? 0.0 : plain ? 1.0 : weight, divisor = plain ? static_cast<double>(count) : total;
   if (plain)
     for (auto& e : in) e.first = 1.0;
-  float* mine = p.data + off;
+  if (count == 0) {  // nothing acceptable, not even this peer's own: the part keeps its values
+    report->part_weight = 0.0;
+    r.average = mine;
+    r.results_pending = delivered;
+    r.averaged = true;
+    r.cv.notify_all();
+    return;
+  }
+  if (!self_in) std::fill(mine, mine + r.len, 0.0f);  // weight 0, and 0 x NaN would be NaN
   weighted_mean(mine, r.len, w0, in, divisor);
   report->part_weight = total;
   r.average = mine;
-  r.results_pending = in.size();
+  r.results_pending = delivered;  // every stream that delivered streams the result back
   r.averaged = true;
   r.cv.notify_all();
 }

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -52,12 +53,23 @@ struct AllReduceOptions {
   std::chrono::milliseconds allreduce_timeout{60'000};   ///< the whole round
   std::chrono::milliseconds next_chunk_timeout{10'000};  ///< first contact and each next chunk
   size_t chunk_elements = size_t{1} << 18;               ///< 1 MiB of float32 per chunk
+  /// A sender's weight above this (or not finite) leaves it out of the reducer's average, as
+  /// non-finite values do: one member cannot outweigh the group (the samples of a step are
+  /// bounded by the swarm's target batch).
+  double max_weight = std::numeric_limits<double>::infinity();
 };
+
+/// A reducer's share of the vector is its bandwidth, capped at this many times the median
+/// bandwidth of the group's reducers: a member declaring 1e300 reduces a bounded part.
+constexpr double kMaxBandwidthRatio = 4.0;
 
 struct AllReduceReport {
   double local_fraction = 0.0;  ///< of the vector left as it was (its reducer failed before answering it)
   std::vector<std::string> failed_reducers;   ///< peer ids
   std::vector<std::string> excluded_senders;  ///< from this peer's own part
+  /// Senders left out of this peer's own part for non-finite values or a weight above
+  /// max_weight (this peer's own id when its own part was).
+  std::vector<std::string> rejected_senders;
   double part_weight = 0.0;                   ///< samples behind this peer's own part's average
   uint64_t bytes_sent = 0, bytes_received = 0;
   double seconds = 0.0;

@@ -409,6 +409,9 @@ size_t HivemindBackend::average_flat(std::vector<at::Tensor> tensors, bool grads
   const auto left = std::chrono::duration_cast<milliseconds>(round_end - std::chrono::steady_clock::now());
   o.allreduce_timeout = std::max(milliseconds(1), std::min(ms(h_.allreduce_timeout > 0 ? h_.allreduce_timeout : h_.averaging_timeout), left));
   o.next_chunk_timeout = ms(h_.next_chunk_timeout);
+  // A member's samples in one global step stay below twice the swarm's target (the target plus
+  // what was in flight); a parameter round weighs every member 1.
+  o.max_weight = grads ? 2.0 * static_cast<double>(h_.target_batch_size) : 1.0;
   const auto report = averager_->allreduce(group, flat_.data_ptr<float>(), static_cast<size_t>(off), weight, o);
   off = 0;
   for (auto& t : tensors) {
@@ -422,6 +425,7 @@ size_t HivemindBackend::average_flat(std::vector<at::Tensor> tensors, bool grads
     std::fprintf(stderr, "hivemind: epoch %lld %s: %s\n", static_cast<long long>(epoch), what.c_str(), warning.c_str());
   std::set<std::string> failed(report.failed_reducers.begin(), report.failed_reducers.end());
   failed.insert(report.excluded_senders.begin(), report.excluded_senders.end());
+  failed.insert(report.rejected_senders.begin(), report.rejected_senders.end());
   return group.members.size() - std::min(failed.size(), group.members.size() - 1);
 }
 
