@@ -222,6 +222,24 @@ TEST_F(Swarm, FourPeersAndAMonitorStayIdenticalAndMatchSingleProcessTraining) {
   const auto w0 = weights("peer0", kSteps);
   for (int k = 1; k < kPeers; ++k)
     EXPECT_EQ(max_difference(w0, weights("peer" + std::to_string(k), kSteps)), 0.0) << "peer " << k << " vs peer 0";
+  // Traffic in metrics.jsonl: a butterfly round of P fp32 parameters among n peers sends (and
+  // receives) 2 (n - 1) / n x 4P bytes per peer (its parts to the other reducers, the averages
+  // of its own part back); a step with a parameter round about twice that.
+  double params = 0;
+  for (const auto& [k, v] : w0) params += static_cast<double>(v.numel());
+  const double round_bytes = 2.0 * (kPeers - 1) / kPeers * 4.0 * params;
+  for (int k = 0; k < kPeers; ++k) {
+    const auto sent = metric("peer" + std::to_string(k), "sent_bytes"), got = metric("peer" + std::to_string(k), "received_bytes");
+    ASSERT_EQ(sent.size(), static_cast<size_t>(kSteps)) << "peer " << k;
+    ASSERT_EQ(got.size(), sent.size()) << "peer " << k;
+    for (size_t i = 0; i < sent.size(); ++i) {
+      EXPECT_GE(sent[i], 0.95 * round_bytes) << "peer " << k << " step " << i + 1;
+      EXPECT_LE(sent[i], 2.1 * round_bytes) << "peer " << k << " step " << i + 1;
+      EXPECT_NEAR(got[i], sent[i], 0.05 * sent[i]) << "peer " << k << " step " << i + 1;
+    }
+    if (k == 0) std::printf("[swarm] peer 0 averaging traffic: step 1 sent %.2f MB, received %.2f MB (a round: %.2f MB)\n",
+                            sent[0] / 1e6, got[0] / 1e6, round_bytes / 1e6);
+  }
   const double d = max_difference(weights("ref", kSteps), w0);
   std::printf("[swarm] largest parameter difference after %d global steps, swarm vs single process: %.3g\n", kSteps, d);
   EXPECT_LE(d, 1e-5);

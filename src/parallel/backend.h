@@ -92,6 +92,10 @@ struct StepResult {
   int64_t global_step = 0;  ///< optimizer steps of the run after this one (a swarm's may jump)
   int64_t samples = 0;      ///< samples that went into this step over all ranks
   int64_t group_size = 0;   ///< peers whose gradients this step averaged in full, this one included (hivemind; 0 elsewhere)
+  /// Averaging traffic of this step (hivemind: the gradient and parameter rounds since the last
+  /// step's record, a delayed round counted with the next step; -1 for a backend that does not
+  /// count it).
+  int64_t sent_bytes = -1, received_bytes = -1;
   bool applied() const { return outcome == StepOutcome::kApplied; }
 };
 

@@ -141,6 +141,7 @@ struct Averager::Round {
   // (results_pending, counted when `averaged` is set; each stream ends by the deadline).
   const float* average = nullptr;
   size_t results_pending = 0;
+  uint64_t served_sent = 0, served_received = 0;  // the bytes of the streams that got the result
 };
 
 Averager::Averager() = default;
@@ -240,12 +241,14 @@ void Averager::handle(Connection& c, const Frame& hello) {
   lock.unlock();
   struct Done {  // the owner's vector is not read after this
     Round& r;
+    Connection& c;
     ~Done() {
       std::lock_guard<std::mutex> lock(r.mu);
+      r.served_sent += c.bytes_sent(), r.served_received += c.bytes_received();
       --r.results_pending;
       r.cv.notify_all();
     }
-  } done{r};
+  } done{r, c};
   try {
     std::string payload;
     std::vector<float> delta;
@@ -510,7 +513,11 @@ AllReduceReport Averager::allreduce(const Group& g, float* data, size_t n, doubl
   // Reduce this peer's own part once every sender delivered or failed (or time ran out).
   if (round) reduce_own_part(*round, call, &report);
   join_streams(call, out, &report);
-  if (round) release_round(g.group_id, *round);
+  if (round) {
+    release_round(g.group_id, *round);
+    std::lock_guard<std::mutex> lock(round->mu);  // the bytes of serving this peer's own part
+    report.bytes_sent += round->served_sent, report.bytes_received += round->served_received;
+  }
   report.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return report;
 }

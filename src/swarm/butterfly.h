@@ -71,7 +71,7 @@ struct AllReduceReport {
   /// max_weight (this peer's own id when its own part was).
   std::vector<std::string> rejected_senders;
   double part_weight = 0.0;                   ///< samples behind this peer's own part's average
-  uint64_t bytes_sent = 0, bytes_received = 0;
+  uint64_t bytes_sent = 0, bytes_received = 0;  ///< every stream of the round, as sender and as reducer
   double seconds = 0.0;
   /// One line for the log when something failed (empty otherwise).
   std::string warning() const;

@@ -477,6 +477,11 @@ void Trainer::record_step(const StepResult& r, double loss, double lr) {
     fields["group_size"] = r.group_size;
     line += " | group " + std::to_string(r.group_size);
   }
+  if (r.sent_bytes >= 0) {  // the averaging traffic of the step
+    fields["sent_bytes"] = r.sent_bytes, fields["received_bytes"] = r.received_bytes;
+    line += " | sent " + fmt("%.2f", static_cast<double>(r.sent_bytes) / 1e6) + " MB, received " +
+            fmt("%.2f", static_cast<double>(r.received_bytes) / 1e6) + " MB";
+  }
   if (cfg_.wall_clock_breakdown) {  // DeepSpeed's timers: where the step's time went
     const double n = static_cast<double>(interval_steps_);
     fields["forward_ms"] = interval_ms_[1] / n, fields["backward_ms"] = interval_ms_[2] / n;

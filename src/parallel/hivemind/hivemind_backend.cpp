@@ -413,6 +413,8 @@ size_t HivemindBackend::average_flat(std::vector<at::Tensor> tensors, bool grads
   // what was in flight); a parameter round weighs every member 1.
   o.max_weight = grads ? 2.0 * static_cast<double>(h_.target_batch_size) : 1.0;
   const auto report = averager_->allreduce(group, flat_.data_ptr<float>(), static_cast<size_t>(off), weight, o);
+  sent_bytes_ += static_cast<int64_t>(report.bytes_sent);
+  received_bytes_ += static_cast<int64_t>(report.bytes_received);
   off = 0;
   for (auto& t : tensors) {
     if (grads && !t.grad().defined()) t.mutable_grad() = torch::zeros_like(t);
@@ -701,6 +703,8 @@ StepResult HivemindBackend::step(const StepRequest& request, int64_t step) {
   r.global_step = epoch_;
   r.samples = std::max<int64_t>(swarm_samples_, round.local);
   r.group_size = static_cast<int64_t>(averaged);
+  r.sent_bytes = sent_bytes_.exchange(0);
+  r.received_bytes = received_bytes_.exchange(0);
   return r;
 }
 

@@ -139,6 +139,8 @@ class HivemindBackend : public ReplicatedBackend {
   std::set<std::string> known_peers_;  ///< peers expected to announce in this epoch
   bool stepped_ = false;               ///< a global step was taken since the start
   bool reported_claim_ = false;        ///< an unvouched epoch claim was reported
+  /// Averaging bytes since the last step's record (a background round adds to them).
+  std::atomic<int64_t> sent_bytes_{0}, received_bytes_{0};
   at::Tensor flat_;                    ///< CPU float32 staging for averaging
   /// Held while the parameters, optimizer state or epoch change; a donor's snapshot takes it.
   mutable std::mutex state_mu_;
