@@ -472,10 +472,10 @@ int64_t world_size_or_env(int64_t world_size) {
 
 // DeepSpeed's _set_batch_related_parameters + _batch_assertion. Where DeepSpeed floors a
 // derived value and then fails the assertion, the message says what does not divide.
-void resolve(BatchConfig& out, BatchKeys k, int64_t world_size, int64_t model_parallel, const ParseContext& ctx) {
+void resolve(BatchConfig& out, BatchKeys k, int64_t world_size, const TrainerOptions& trainer, const ParseContext& ctx) {
   const int64_t world = world_size_or_env(world_size);
-  // Env-free: the env_type half of the rules was checked with the trainer section.
-  if (const std::string e = model_parallel_error("deepspeed+mpu", model_parallel, world); !e.empty()) ctx.fail(e);
+  const int64_t model_parallel = trainer.model_parallel_size;
+  if (const std::string e = model_parallel_error(trainer.env_type, model_parallel, world); !e.empty()) ctx.fail(e);
   const int64_t ws = world / model_parallel;  // the data-parallel size: tensor-parallel peers share samples
   const char* kT = "train_batch_size";
   const char* kM = "train_micro_batch_size_per_gpu";
@@ -581,7 +581,7 @@ Config config_from_json(const json& doc, const std::string& origin, int64_t worl
   parse_hivemind(hivemind, ctx, cfg.hivemind);
   // A swarm has no fixed world: the batch triple is this peer's own (world size 1).
   const bool swarm = cfg.trainer.env_type == "hivemind";
-  resolve(cfg.batch, batch, swarm ? 1 : world_size, cfg.trainer.model_parallel_size, ctx);
+  resolve(cfg.batch, batch, swarm ? 1 : world_size, cfg.trainer, ctx);
   if (swarm) {
     const auto& h = cfg.hivemind;
     if (const std::string e = swarm_batch_error(cfg); !e.empty()) ctx.fail(e);
@@ -626,7 +626,7 @@ std::string swarm_batch_error(const Config& cfg) {
 void resolve_batch(Config& cfg, const json& batch_source, int64_t world_size) {
   ParseContext ctx{"", nullptr};
   ObjectReader r(&batch_source, "", ctx);
-  resolve(cfg.batch, read_batch_keys(r), world_size, cfg.trainer.model_parallel_size, ctx);
+  resolve(cfg.batch, read_batch_keys(r), world_size, cfg.trainer, ctx);
 }
 
 json config_to_json(const Config& in) {

@@ -425,16 +425,10 @@ void reduce_own_part(Averager::Round& r, const AllReduceCall& p, AllReduceReport
   const double w0 = !self_in ? 0.0 : plain ? 1.0 : weight, divisor = plain ? static_cast<double>(count) : total;
   if (plain)
     for (auto& e : in) e.first = 1.0;
-  if (count == 0) {  // nothing acceptable, not even this peer's own: the part keeps its values
-    report->part_weight = 0.0;
-    r.average = mine;
-    r.results_pending = delivered;
-    r.averaged = true;
-    r.cv.notify_all();
-    return;
+  if (count > 0) {  // else nothing acceptable, not even this peer's own: the part keeps its values
+    if (!self_in) std::fill(mine, mine + r.len, 0.0f);  // weight 0, and 0 x NaN would be NaN
+    weighted_mean(mine, r.len, w0, in, divisor);
   }
-  if (!self_in) std::fill(mine, mine + r.len, 0.0f);  // weight 0, and 0 x NaN would be NaN
-  weighted_mean(mine, r.len, w0, in, divisor);
   report->part_weight = total;
   r.average = mine;
   r.results_pending = delivered;  // every stream that delivered streams the result back

@@ -280,9 +280,7 @@ bool HivemindBackend::reload_from_peers(const std::string& why) {
   o.next_chunk_timeout = ms(h_.next_chunk_timeout);
   o.min_epoch = epoch_ + 1;
   // Never a state at an epoch the swarm does not vouch for (a peer's claim alone).
-  const auto g = tracker_->global(false);
-  report_unvouched(g);
-  o.max_epoch = g.epoch;
+  o.max_epoch = tracker_->global(false).epoch;
   // A state is this model's parameters and at most a few copies more (optimizer moments).
   int64_t n = 0;
   for (const auto& p : params_) n += p.numel();
