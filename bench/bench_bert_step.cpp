@@ -18,6 +18,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -29,6 +30,7 @@
 #include "polytrain/common/config.h"
 #include "polytrain/common/cpu_budget.h"
 #include "polytrain/models/bert.h"
+#include "polytrain/models/cpu_dropout.h"
 #include "polytrain/parallel/update.h"
 #include "polytrain/optim/optimizers.h"
 
@@ -61,6 +63,28 @@ int main(int argc, char** argv) {
     std::printf("amx_bf16_peak_gflops %.1f\n", bench::amx_bf16_peak_gflops(t));
     return 0;
   }
+  if (size == "dropout") {  // polytrain's CPU dropout against ATen's, forward + backward, BERT-base shapes
+    for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+      for (auto shape : {std::vector<int64_t>{8, 128, 768}, std::vector<int64_t>{8, 12, 128, 128}}) {
+        auto x = torch::randn(shape).to(dtype).requires_grad_(true);
+        auto time = [&](const std::function<at::Tensor(const at::Tensor&)>& f) {
+          double best = 1e30;
+          for (int r = 0; r < steps; ++r) {
+            auto t0 = std::chrono::steady_clock::now();
+            f(x).backward(torch::ones_like(x));
+            best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+          }
+          return best;
+        };
+        const double aten = time([](const at::Tensor& t) { return torch::dropout(t, 0.1, true); });
+        const double ours = time([](const at::Tensor& t) { return cpu_dropout(t, 0.1); });
+        std::printf("dropout %s %s fwd+bwd: aten %.2f ms, polytrain %.2f ms (%.1fx), %.2f GB/s\n",
+                    c10::toString(dtype), c10::str(x.sizes()).c_str(), aten, ours, aten / ours,
+                    4.0 * x.numel() * x.element_size() / ours / 1e6);
+      }
+    }
+    return 0;
+  }
   const std::string mode = argc > 4 ? argv[4] : "default";
   torch::manual_seed(0);
   ModelConfig mc;
@@ -70,6 +94,7 @@ int main(int argc, char** argv) {
   } else {
     batch = 8;
   }
+  if (const char* d = std::getenv("BENCH_DROPOUT")) mc.hidden_dropout_prob = mc.attention_probs_dropout_prob = std::atof(d);
   BertForMaskedLM model(mc);
   if (mode == "fused" || mode == "dense") model->score_masked_only_ = false;
   if (mode == "dense") model->fused_lm_loss_ = false;

@@ -43,7 +43,7 @@ AlbertEmbeddingsImpl::AlbertEmbeddingsImpl(const AlbertConfig& cfg) {
   token_type_embeddings =
       register_module("token_type_embeddings", torch::nn::Embedding(cfg.type_vocab_size, cfg.embedding_size));
   LayerNorm = register_module("LayerNorm", layer_norm(cfg.embedding_size, cfg.layer_norm_eps));
-  dropout = register_module("dropout", torch::nn::Dropout(cfg.hidden_dropout_prob));
+  dropout = register_module("dropout", Dropout(cfg.hidden_dropout_prob));
 }
 
 at::Tensor AlbertEmbeddingsImpl::forward(const at::Tensor& input_ids, const at::Tensor& token_type_ids) {
@@ -59,8 +59,8 @@ AlbertAttentionImpl::AlbertAttentionImpl(const AlbertConfig& cfg)
   query = register_module("query", torch::nn::Linear(cfg.hidden_size, cfg.hidden_size));
   key = register_module("key", torch::nn::Linear(cfg.hidden_size, cfg.hidden_size));
   value = register_module("value", torch::nn::Linear(cfg.hidden_size, cfg.hidden_size));
-  attention_dropout = register_module("attention_dropout", torch::nn::Dropout(cfg.attention_probs_dropout_prob));
-  output_dropout = register_module("output_dropout", torch::nn::Dropout(cfg.hidden_dropout_prob));
+  attention_dropout = register_module("attention_dropout", Dropout(cfg.attention_probs_dropout_prob));
+  output_dropout = register_module("output_dropout", Dropout(cfg.hidden_dropout_prob));
   dense = register_module("dense", torch::nn::Linear(cfg.hidden_size, cfg.hidden_size));
   LayerNorm = register_module("LayerNorm", layer_norm(cfg.hidden_size, cfg.layer_norm_eps));
 }
@@ -174,7 +174,7 @@ AlbertForMaskedLMImpl::AlbertForMaskedLMImpl(const AlbertConfig& cfg) : config_(
   albert = register_module("albert", AlbertModel(cfg, cfg.sentence_order_prediction));
   predictions = register_module("predictions", AlbertMLMHead(cfg, albert->embeddings->word_embeddings->weight));
   if (cfg.sentence_order_prediction) {
-    sop_dropout = torch::nn::Dropout(cfg.classifier_dropout_prob);
+    sop_dropout = Dropout(cfg.classifier_dropout_prob);
     auto sop = std::make_shared<torch::nn::Module>("AlbertSOPHead");
     sop->register_module("dropout", sop_dropout);
     sop_classifier = sop->register_module("classifier", torch::nn::Linear(cfg.hidden_size, 2));

@@ -9,7 +9,6 @@
 #include <nlohmann/json.hpp>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
-#include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
@@ -17,6 +16,7 @@
 #include "polytrain/models/activation_checkpoint.h"
 #include "polytrain/models/albert_config.h"
 #include "polytrain/models/model_output.h"
+#include "polytrain/models/tp_layers.h"
 
 namespace polytrain {
 
@@ -32,7 +32,7 @@ struct AlbertEmbeddingsImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& token_type_ids);
   torch::nn::Embedding word_embeddings{nullptr}, position_embeddings{nullptr}, token_type_embeddings{nullptr};
   torch::nn::LayerNorm LayerNorm{nullptr};
-  torch::nn::Dropout dropout{nullptr};
+  Dropout dropout{nullptr};
 };
 TORCH_MODULE(AlbertEmbeddings);
 
@@ -43,7 +43,7 @@ struct AlbertAttentionImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& x, const at::Tensor& additive_mask);
   torch::nn::Linear query{nullptr}, key{nullptr}, value{nullptr}, dense{nullptr};
   torch::nn::LayerNorm LayerNorm{nullptr};
-  torch::nn::Dropout attention_dropout{nullptr}, output_dropout{nullptr};
+  Dropout attention_dropout{nullptr}, output_dropout{nullptr};
   int64_t heads_, head_dim_;
 };
 TORCH_MODULE(AlbertAttention);
@@ -137,7 +137,7 @@ struct AlbertForMaskedLMImpl : torch::nn::Module, ActivationCheckpointing {
   AlbertConfig config_;
   AlbertModel albert{nullptr};
   AlbertMLMHead predictions{nullptr};
-  torch::nn::Dropout sop_dropout{nullptr};
+  Dropout sop_dropout{nullptr};
   torch::nn::Linear sop_classifier{nullptr};  ///< registered as sop_classifier.classifier
 };
 TORCH_MODULE(AlbertForMaskedLM);

@@ -42,7 +42,7 @@ BertEmbeddingsImpl::BertEmbeddingsImpl(const ModelConfig& cfg) {
   token_type_embeddings = register_module(
       "token_type_embeddings", torch::nn::Embedding(cfg.type_vocab_size, cfg.hidden_size));
   LayerNorm = register_module("LayerNorm", layer_norm(cfg));
-  dropout = register_module("dropout", torch::nn::Dropout(cfg.hidden_dropout_prob));
+  dropout = register_module("dropout", Dropout(cfg.hidden_dropout_prob));
 }
 
 at::Tensor BertEmbeddingsImpl::forward(const at::Tensor& input_ids, const at::Tensor& token_type_ids) {
@@ -92,7 +92,7 @@ at::Tensor BertSelfAttentionImpl::forward(const at::Tensor& x, const at::Tensor&
 BertOutputImpl::BertOutputImpl(int64_t in, int64_t out, const ModelConfig& cfg) {
   dense = register_module("dense", Linear(in, out));
   LayerNorm = register_module("LayerNorm", layer_norm(cfg));
-  dropout = register_module("dropout", torch::nn::Dropout(cfg.hidden_dropout_prob));
+  dropout = register_module("dropout", Dropout(cfg.hidden_dropout_prob));
 }
 
 at::Tensor BertOutputImpl::forward(const at::Tensor& x, const at::Tensor& residual) {

@@ -5,7 +5,6 @@
 
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
-#include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
@@ -29,7 +28,7 @@ struct BertEmbeddingsImpl : torch::nn::Module {
   torch::nn::Embedding position_embeddings{nullptr},
       token_type_embeddings{nullptr};
   torch::nn::LayerNorm LayerNorm{nullptr};
-  torch::nn::Dropout dropout{nullptr};
+  Dropout dropout{nullptr};
   int64_t position_offset_ = 0;  ///< RoBERTa counts positions from pad_token_id + 1
 };
 TORCH_MODULE(BertEmbeddings);
@@ -52,7 +51,7 @@ struct BertOutputImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& x, const at::Tensor& residual);
   Linear dense{nullptr};
   torch::nn::LayerNorm LayerNorm{nullptr};
-  torch::nn::Dropout dropout{nullptr};
+  Dropout dropout{nullptr};
 };
 TORCH_MODULE(BertOutput);
 

@@ -48,7 +48,7 @@ Gpt2AttentionImpl::Gpt2AttentionImpl(const Gpt2Config& cfg, int64_t layer_idx) :
   c_attn = register_module("c_attn", Gpt2Conv1D(cfg.n_embd, 3 * cfg.n_embd));
   c_proj = register_module("c_proj", Gpt2Conv1D(cfg.n_embd, cfg.n_embd));
   attn_dropout = register_module("attn_dropout", Dropout(cfg.attn_pdrop));
-  resid_dropout = register_module("resid_dropout", torch::nn::Dropout(cfg.resid_pdrop));
+  resid_dropout = register_module("resid_dropout", Dropout(cfg.resid_pdrop));
   attn_impl_ = parse_attn_impl(cfg.attn_implementation, "model.attn_implementation");
   scale_ = 1.0;
   if (cfg.scale_attn_weights) scale_ /= std::sqrt(static_cast<double>(head_dim_));
@@ -85,7 +85,7 @@ Gpt2MlpImpl::Gpt2MlpImpl(const Gpt2Config& cfg) : act_(cfg.activation_function) 
   const int64_t inner = cfg.n_inner > 0 ? cfg.n_inner : 4 * cfg.n_embd;
   c_fc = register_module("c_fc", Gpt2Conv1D(cfg.n_embd, inner));
   c_proj = register_module("c_proj", Gpt2Conv1D(inner, cfg.n_embd));
-  dropout = register_module("dropout", torch::nn::Dropout(cfg.resid_pdrop));
+  dropout = register_module("dropout", Dropout(cfg.resid_pdrop));
 }
 
 at::Tensor Gpt2MlpImpl::forward(const at::Tensor& x) { return dropout(c_proj(activation(act_, c_fc(x)))); }
@@ -105,7 +105,7 @@ at::Tensor Gpt2BlockImpl::forward(const at::Tensor& x, const at::Tensor& masked)
 Gpt2ModelImpl::Gpt2ModelImpl(const Gpt2Config& cfg) {
   wte = register_module("wte", Embedding(cfg.vocab_size, cfg.n_embd));
   wpe = register_module("wpe", torch::nn::Embedding(cfg.n_positions, cfg.n_embd));
-  drop = register_module("drop", torch::nn::Dropout(cfg.embd_pdrop));
+  drop = register_module("drop", Dropout(cfg.embd_pdrop));
   h = register_module("h", torch::nn::ModuleList());
   for (int64_t i = 0; i < cfg.n_layer; ++i) h->push_back(Gpt2Block(cfg, i));
   ln_f = register_module("ln_f", layer_norm(cfg));

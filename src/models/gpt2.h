@@ -8,7 +8,6 @@
 #include <nlohmann/json.hpp>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
-#include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/normalization.h>
 
@@ -39,7 +38,7 @@ struct Gpt2AttentionImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& x, const at::Tensor& masked);
   Gpt2Conv1D c_attn{nullptr}, c_proj{nullptr};
   Dropout attn_dropout{nullptr};  ///< on this rank's heads: the tensor-parallel stream when split
-  torch::nn::Dropout resid_dropout{nullptr};
+  Dropout resid_dropout{nullptr};
   int64_t head_dim_;  ///< the local head count is read from c_attn's width
   AttnImpl attn_impl_;
   double scale_;
@@ -50,7 +49,7 @@ struct Gpt2MlpImpl : torch::nn::Module {
   explicit Gpt2MlpImpl(const Gpt2Config& cfg);
   at::Tensor forward(const at::Tensor& x);
   Gpt2Conv1D c_fc{nullptr}, c_proj{nullptr};
-  torch::nn::Dropout dropout{nullptr};
+  Dropout dropout{nullptr};
   std::string act_;
 };
 TORCH_MODULE(Gpt2Mlp);
@@ -71,7 +70,7 @@ struct Gpt2ModelImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& attention_mask);
   Embedding wte{nullptr};
   torch::nn::Embedding wpe{nullptr};
-  torch::nn::Dropout drop{nullptr};
+  Dropout drop{nullptr};
   torch::nn::ModuleList h{nullptr};
   torch::nn::LayerNorm ln_f{nullptr};
   bool checkpoint_blocks = false;

@@ -138,7 +138,7 @@ T5LayerAttentionImpl::T5LayerAttentionImpl(const T5Config& cfg, bool cross, bool
   attention = register_module(cross ? "EncDecAttention" : "SelfAttention",
                               T5Attention(cfg, has_relative_attention_bias, bidirectional));
   layer_norm = register_module("layer_norm", T5LayerNorm(cfg.d_model, cfg.layer_norm_epsilon));
-  dropout = register_module("dropout", torch::nn::Dropout(cfg.dropout_rate));
+  dropout = register_module("dropout", Dropout(cfg.dropout_rate));
 }
 
 at::Tensor T5LayerAttentionImpl::forward(const at::Tensor& x, const at::Tensor& kv, const at::Tensor& bias) {
@@ -158,7 +158,7 @@ T5LayerFFImpl::T5LayerFFImpl(const T5Config& cfg) : act_(cfg.dense_act_fn()), ga
   act_dropout = dense->register_module("dropout", Dropout(cfg.dropout_rate));
   register_module("DenseReluDense", dense);
   layer_norm = register_module("layer_norm", T5LayerNorm(cfg.d_model, cfg.layer_norm_epsilon));
-  dropout = register_module("dropout", torch::nn::Dropout(cfg.dropout_rate));
+  dropout = register_module("dropout", Dropout(cfg.dropout_rate));
   check_hf_activation(act_, "model.feed_forward_proj");  // fails at build time, not mid-run
 }
 
@@ -195,7 +195,7 @@ T5StackImpl::T5StackImpl(const T5Config& cfg, bool is_decoder) : is_decoder_(is_
   const int64_t n = is_decoder ? cfg.decoder_layers() : cfg.num_layers;
   for (int64_t i = 0; i < n; ++i) block->push_back(T5Block(cfg, is_decoder, /*has_relative_attention_bias=*/i == 0));
   final_layer_norm = register_module("final_layer_norm", T5LayerNorm(cfg.d_model, cfg.layer_norm_epsilon));
-  dropout = register_module("dropout", torch::nn::Dropout(cfg.dropout_rate));
+  dropout = register_module("dropout", Dropout(cfg.dropout_rate));
 }
 
 at::Tensor T5StackImpl::forward(const at::Tensor& embeds, const at::Tensor& self_mask, const at::Tensor& enc,

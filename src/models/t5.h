@@ -7,7 +7,6 @@
 
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
-#include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 
@@ -54,7 +53,7 @@ struct T5LayerAttentionImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& x, const at::Tensor& kv, const at::Tensor& bias);
   T5Attention attention{nullptr};
   T5LayerNorm layer_norm{nullptr};
-  torch::nn::Dropout dropout{nullptr};
+  Dropout dropout{nullptr};
   bool cross_;
 };
 TORCH_MODULE(T5LayerAttention);
@@ -66,7 +65,7 @@ struct T5LayerFFImpl : torch::nn::Module {
   std::shared_ptr<torch::nn::Module> dense;  ///< "DenseReluDense"
   Linear wi{nullptr}, wi_0{nullptr}, wi_1{nullptr}, wo{nullptr};
   T5LayerNorm layer_norm{nullptr};
-  torch::nn::Dropout dropout{nullptr};
+  Dropout dropout{nullptr};
   Dropout act_dropout{nullptr};  ///< on d_ff (split under tensor parallelism: the region's stream)
   std::string act_;
   bool gated_;
@@ -97,7 +96,7 @@ struct T5StackImpl : torch::nn::Module {
                      const at::Tensor& enc_mask = {});
   torch::nn::ModuleList block{nullptr};
   T5LayerNorm final_layer_norm{nullptr};
-  torch::nn::Dropout dropout{nullptr};
+  Dropout dropout{nullptr};
   bool is_decoder_;
   bool checkpoint_blocks = false;  ///< recompute each block in backward (models/activation_checkpoint.h)
 };

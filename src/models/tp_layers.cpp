@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include "polytrain/common/error.h"
+#include "polytrain/models/cpu_dropout.h"
 #include "polytrain/models/fused_lm_loss.h"
 
 namespace polytrain {
@@ -76,8 +77,9 @@ DropoutImpl::DropoutImpl(double p_) : p(p_) {
 }
 
 at::Tensor DropoutImpl::forward(const at::Tensor& x) {
-  if (!generator) return torch::dropout(x, p, is_training());
   if (!is_training() || p == 0.0) return x;
+  if (x.device().is_cpu()) return cpu_dropout(x, p, generator ? &*generator : nullptr);
+  if (!generator) return torch::dropout(x, p, true);
   if (p == 1.0) return x * at::zeros_like(x);
   // ATen's _dropout_impl (bernoulli(1 - p) / (1 - p) times x) with the region's generator.
   auto noise = at::empty_like(x).bernoulli_(1.0 - p, *generator);

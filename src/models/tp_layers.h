@@ -115,9 +115,11 @@ struct EmbeddingImpl : torch::nn::Module, TpShardable {
 };
 TORCH_MODULE(Embedding);
 
-/// torch::nn::Dropout, or, inside a tensor-parallel region (attention probabilities of this
-/// rank's heads), the same mask formula drawn from the region's own generator (Megatron's
-/// model-parallel RNG stream) so ranks do not share masks of different heads.
+/// Every model's dropout. On the CPU cpu_dropout (cpu_dropout.h: a counter-based mask on all
+/// threads, regenerated in the backward); on a GPU ATen's dropout. The draw comes from the
+/// default generator, or, inside a tensor-parallel region (attention probabilities of this
+/// rank's heads), from the region's own generator (Megatron's model-parallel RNG stream) so
+/// ranks do not share masks of different heads.
 struct DropoutImpl : torch::nn::Module {
   explicit DropoutImpl(double p = 0.5);
   at::Tensor forward(const at::Tensor& x);

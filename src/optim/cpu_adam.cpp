@@ -9,33 +9,24 @@
 // vector through the same vector code on a zero-padded copy, so every element gets the same
 // instruction sequence wherever it falls, and results do not depend on how the range is cut.
 //
-// Threads: at::parallel_for is a header template whose OpenMP body only exists when the
-// including file is compiled with -fopenmp, which polytrain is not (it would run serially
-// here), so the range is split over a small pool of our own, as many threads as
-// at::get_num_threads() (what at::set_num_threads sets), the caller taking the first part.
-// The pool's threads are started once and then only woken; a forked child starts its own.
+// Threads: the range is split over worker_pool.h's pool (at::parallel_for would run serially
+// in a file built without -fopenmp), as many parts as at::get_num_threads(), the caller taking
+// the first part.
 //
 // Also here: CpuAdam, the kernel behind polytrain's Optimizer interface for whole parameters,
 // saving its state as libtorch's AdamWParamState does so checkpoints move between the two.
 #include "polytrain/optim/cpu_adam.h"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <atomic>
 #include <cctype>
 #include <cmath>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <mutex>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <unordered_map>
 
-#include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <torch/optim/adamw.h>
@@ -49,6 +40,7 @@
 #include "polytrain/common/config.h"
 #include "polytrain/common/error.h"
 #include "polytrain/optim/optimizers.h"
+#include "polytrain/optim/worker_pool.h"
 
 namespace polytrain::cpu_adam {
 namespace {
@@ -350,86 +342,6 @@ void run_units(const void* ctx, int64_t unit_begin, int64_t unit_end) {
   }
 }
 
-// ---- the thread pool --------------------------------------------------------------------------
-
-/// Runs fn over [0, units) cut into `parts` contiguous ranges of equal size (the last one
-/// shorter), part 0 on the calling thread, part i on worker i. Workers are started on first
-/// need and then sleep on a condition variable between jobs; a job allocates nothing. One job
-/// at a time: a caller that finds the pool busy runs its job alone.
-class WorkerPool {
- public:
-  using Fn = void (*)(const void* ctx, int64_t begin, int64_t end);
-
-  void run(Fn fn, const void* ctx, int64_t units, int parts) {
-    std::unique_lock<std::mutex> exclusive(run_mu_, std::try_to_lock);
-    if (parts <= 1 || !exclusive.owns_lock()) {
-      fn(ctx, 0, units);
-      return;
-    }
-    const int64_t chunk = (units + parts - 1) / parts;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      while (started_ < parts - 1) {  // counted once running (a failed start throws, leaving none)
-        std::thread([this, index = started_ + 1] { work(index); }).detach();
-        ++started_;
-      }
-      fn_ = fn;
-      ctx_ = ctx;
-      units_ = units;
-      chunk_ = chunk;
-      parts_ = parts;
-      pending_ = parts - 1;
-      ++generation_;
-    }
-    wake_.notify_all();
-    fn(ctx, 0, std::min(chunk, units));
-    std::unique_lock<std::mutex> lock(mu_);
-    done_.wait(lock, [this] { return pending_ == 0; });
-  }
-
- private:
-  void work(int index) {
-    uint64_t seen = 0;
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      wake_.wait(lock, [&] { return generation_ != seen; });
-      seen = generation_;
-      if (index >= parts_) continue;  // not needed this time
-      const Fn fn = fn_;
-      const void* ctx = ctx_;
-      const int64_t begin = std::min(units_, index * chunk_), end = std::min(units_, begin + chunk_);
-      lock.unlock();
-      if (begin < end) fn(ctx, begin, end);
-      lock.lock();
-      if (--pending_ == 0) done_.notify_one();
-    }
-  }
-
-  std::mutex run_mu_;  // held by the caller for a whole job
-  std::mutex mu_;      // guards everything below
-  std::condition_variable wake_, done_;
-  uint64_t generation_ = 0;
-  int started_ = 0, parts_ = 0, pending_ = 0;
-  Fn fn_ = nullptr;
-  const void* ctx_ = nullptr;
-  int64_t units_ = 0, chunk_ = 0;
-};
-
-/// This process's pool. Never destroyed (its threads may still wait at exit); a child made by
-/// fork() has none of the parent's threads, so it makes a new one and leaves the old alone.
-WorkerPool& pool() {
-  static std::mutex mu;
-  static WorkerPool* current = nullptr;
-  static pid_t owner = -1;
-  std::lock_guard<std::mutex> lock(mu);
-  const pid_t pid = ::getpid();
-  if (current == nullptr || owner != pid) {
-    current = new WorkerPool;
-    owner = pid;
-  }
-  return *current;
-}
-
 }  // namespace
 
 Isa hardware_isa() {
@@ -471,9 +383,7 @@ void step(const Hyper& h, int64_t step, float* param, const float* grad, float* 
            " kernel needs instructions this CPU (or OS) lacks; best available: ", isa_name(hardware_isa()));
   const Job job{consts_of(h, step), param, grad, exp_avg, exp_avg_sq, out, n, copy, isa};
   const int64_t units = (n + kUnit - 1) / kUnit;
-  int64_t parts = std::min<int64_t>(at::get_num_threads(), (units + kGrainUnits - 1) / kGrainUnits);
-  if (at::in_parallel_region()) parts = 1;
-  pool().run(&run_units, &job, units, static_cast<int>(std::max<int64_t>(parts, 1)));
+  cpu_pool::run(&run_units, &job, units, cpu_pool::parts_for(units, kGrainUnits));
 }
 
 }  // namespace polytrain::cpu_adam
@@ -538,6 +448,13 @@ class CpuAdam final : public Optimizer {
     if (it == slot_of_.end()) return at::Tensor();
     const Slot& s = slots_[it->second];
     return name == "exp_avg" ? s.exp_avg : s.exp_avg_sq;
+  }
+
+  int64_t state_bytes() const override {
+    int64_t bytes = 0;
+    for (const auto& s : slots_)
+      if (s.exp_avg.defined()) bytes += (s.exp_avg.numel() + s.exp_avg_sq.numel()) * 4;
+    return bytes;
   }
 
   void step() override {
