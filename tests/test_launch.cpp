@@ -940,6 +940,96 @@ TEST(Launch, AMalformedFaultSpecIsExitCode2) {
   }
 }
 
+// ---- FlagAI's self-launching Trainer: a data-parallel program run on its own ---------------
+
+// "rank R step N loss X" for every step line of the output (timings left out).
+std::vector<std::string> step_losses(const std::string& out) {
+  std::vector<std::string> v;
+  std::istringstream in(out);
+  std::string line;
+  const std::regex re(R"(^\[rank (\d+)\] step (\d+)/\d+ .*\| loss ([0-9.]+) )");
+  std::smatch m;
+  while (std::getline(in, line))
+    if (std::regex_search(line, m, re)) v.push_back("rank " + m[1].str() + " step " + m[2].str() + " loss " + m[3].str());
+  return v;
+}
+
+const std::string kSelfLaunchArgs =
+    " --config configs/bert_tiny.json --env_type pytorchDDP --train_batch_size 32 --eval_interval 1000"
+    " --save_interval 0 --log_interval 1 --no_progress_bar --num_threads 1";
+
+// `train_bert --env_type pytorchDDP --num_gpus 2`, with no launcher, is `launch --num_gpus 2
+// train_bert ...`: the same launch line, two ranks, the same losses; also when num_gpus (and
+// env_type) come from the config's trainer section.
+TEST(SelfLaunch, TwoProcessesFromAFlagOrTheTrainerSectionTrainAsUnderLaunch) {
+  PT_SKIP_UNLESS(fs::exists(fs::path(POLYTRAIN_SOURCE_DIR) / ".cache/assets/vocab/bert-base-uncased-vocab.txt"),
+                 "the BERT vocab in .cache/assets (scripts/fetch_assets.sh)");
+  TempDir t;
+  const std::string exp = " --max_steps 3 --experiments_dir '" + (t.path / "exp").string() + "'";
+  const std::string port1 = std::to_string(polytrain::testing::free_port());
+  auto launched = run(env_prefix(t) + kLaunch + " --num_gpus 2 --master_port " + port1 + " train_bert" + kSelfLaunchArgs + exp,
+                      POLYTRAIN_SOURCE_DIR);
+  ASSERT_EQ(launched.code, 0) << launched.out;
+  const auto expect = step_losses(launched.out);
+  ASSERT_EQ(expect.size(), 3u) << launched.out;
+
+  const std::string port2 = std::to_string(polytrain::testing::free_port());
+  auto self = run(env_prefix(t) + POLYTRAIN_BINARY_DIR "/train_bert" + kSelfLaunchArgs + exp + " --num_gpus 2 --master_port " + port2,
+                  POLYTRAIN_SOURCE_DIR);
+  ASSERT_EQ(self.code, 0) << self.out;
+  EXPECT_EQ(step_losses(self.out), expect) << self.out;
+  EXPECT_NE(self.out.find("no launcher started this one: " + kLaunch + " --num_gpus 2 --master_port " + port2 + " -- " +
+                          POLYTRAIN_BINARY_DIR "/train_bert --config configs/bert_tiny.json"),
+            std::string::npos)
+      << self.out;
+  EXPECT_NE(self.out.find("launch: local, world size 2 on 1 host(s), master 127.0.0.1:" + port2), std::string::npos) << self.out;
+  EXPECT_NE(self.out.find("[rank 0] done: 3 steps"), std::string::npos) << self.out;
+
+  json cfg = json::parse(std::ifstream(fs::path(POLYTRAIN_SOURCE_DIR) / "configs/bert_tiny.json"));
+  cfg["trainer"]["env_type"] = "pytorchDDP";
+  cfg["trainer"]["num_gpus"] = 2;
+  cfg["trainer"]["master_port"] = polytrain::testing::free_port();
+  cfg["train_batch_size"] = 32;
+  std::ofstream(t.path / "ddp.json") << cfg.dump(2);
+  auto section = run(env_prefix(t) + POLYTRAIN_BINARY_DIR "/train_bert --config '" + (t.path / "ddp.json").string() +
+                         "' --eval_interval 1000 --save_interval 0 --log_interval 1 --no_progress_bar --num_threads 1" + exp,
+                     POLYTRAIN_SOURCE_DIR);
+  ASSERT_EQ(section.code, 0) << section.out;
+  EXPECT_EQ(step_losses(section.out), expect) << section.out;
+  EXPECT_NE(section.out.find("launch: local, world size 2"), std::string::npos) << section.out;
+}
+
+// A rank's failure and a SIGTERM to the program end a self-launched job as they end a launched
+// one: the launcher's exit code (137 for a rank killed by SIGKILL, 143 for SIGTERM) and its line.
+TEST(SelfLaunch, ExitCodesAndSigtermAreLaunchs) {
+  PT_SKIP_UNLESS(fs::exists(fs::path(POLYTRAIN_SOURCE_DIR) / ".cache/assets/vocab/bert-base-uncased-vocab.txt"),
+                 "the BERT vocab in .cache/assets (scripts/fetch_assets.sh)");
+  TempDir t;
+  const std::string exp = " --experiments_dir '" + (t.path / "exp").string() + "'";
+  const std::string fault = "POLYTRAIN_FAULT=1:allreduce:2:KILL ";
+  auto launched = run(fault + env_prefix(t) + kLaunch + " --num_gpus 2 --master_port " +
+                          std::to_string(polytrain::testing::free_port()) + " train_bert" + kSelfLaunchArgs + exp + " --max_steps 5",
+                      POLYTRAIN_SOURCE_DIR);
+  auto self = run(fault + env_prefix(t) + POLYTRAIN_BINARY_DIR "/train_bert" + kSelfLaunchArgs + exp +
+                      " --max_steps 5 --num_gpus 2 --master_port " + std::to_string(polytrain::testing::free_port()),
+                  POLYTRAIN_SOURCE_DIR);
+  EXPECT_EQ(launched.code, 137) << launched.out;
+  EXPECT_EQ(self.code, launched.code) << self.out;
+  for (const auto* r : {&launched, &self})
+    EXPECT_NE(r->out.find("error: rank 1 (host localhost) (pid "), std::string::npos) << r->out;
+
+  // SIGTERM to the pid the user started: it is the launcher's now.
+  OwnProcess job("exec " + env_prefix(t) + POLYTRAIN_BINARY_DIR "/train_bert" + kSelfLaunchArgs + exp +
+                     " --max_steps 100000 --num_gpus 2 --master_port " + std::to_string(polytrain::testing::free_port()),
+                 POLYTRAIN_SOURCE_DIR, (t.path / "out.txt").string());
+  ASSERT_TRUE(wait_until([&] { return job.output().find("[rank 0] step 1/") != std::string::npos || !job.running(); }, 120))
+      << job.output();
+  ASSERT_TRUE(job.running()) << job.output();
+  ASSERT_TRUE(job.signal(SIGTERM)) << job.output();
+  EXPECT_EQ(job.wait(), 143) << job.output();
+  EXPECT_NE(job.output().find("launch: received Terminated; stopped 2 process(es)"), std::string::npos) << job.output();
+}
+
 // Deadlines: a killed rank is seen at once (the launcher reaps it), the others stopped within
 // --term_timeout 3; a stopped rank is found by its peer's comm_timeout (8 s), which fails
 // with exit code 1, and the stopped one is SIGKILLed after --term_timeout.

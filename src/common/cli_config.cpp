@@ -13,6 +13,7 @@
 #include <CLI/CLI.hpp>
 
 #include "polytrain/common/error.h"
+#include "polytrain/common/self_launch.h"
 
 namespace polytrain {
 
@@ -84,6 +85,16 @@ void add_config_flags(CLI::App& app, ConfigFlags& flags) {
   add_switch(app, flags, "--no_progress_bar", trainer("progress_bar"), false, "no progress bar");
   add_value<int64_t>(app, flags, "--model_parallel_size", trainer("model_parallel_size"),
                      "tensor-parallel size (world = model_parallel_size x data-parallel size)");
+  // FlagAI's self-launch: without a launcher around it, a data-parallel program given these
+  // starts itself under `launch` (self_launch.h).
+  add_value<int64_t>(app, flags, "--num_gpus", trainer("num_gpus"),
+                     "processes (GPUs) per host: above 1, a pytorchDDP/deepspeed run starts itself under launch");
+  add_value<int64_t>(app, flags, "--num_nodes", trainer("num_nodes"), "hosts of the hostfile to use (self-launch)");
+  add_value<std::string>(app, flags, "--hostfile", trainer("hostfile"), "DeepSpeed-style hostfile (self-launch)");
+  add_value<std::string>(app, flags, "--master_ip,--master_addr", trainer("master_ip"), "rendezvous address (self-launch)");
+  add_value<int64_t>(app, flags, "--master_port", trainer("master_port"), "rendezvous port (self-launch)");
+  add_value<std::string>(app, flags, "--training_script", trainer("training_script"),
+                         "the program launch starts (default: this one; self-launch)");
   add_value<int64_t>(app, flags, "--zero_stage", {"zero_optimization", "stage"},
                      "ZeRO stage 0, 1 or 2 for env_type deepspeed (zero_optimization.stage)");
   add_value<std::string>(app, flags, "--offload_optimizer", {"zero_optimization", "offload_optimizer", "device"},
@@ -173,7 +184,11 @@ Config build_config(const ConfigFlags& flags, int64_t world_size) {
     doc = parse_json_strict(text.str(), path);
     origin = flags.overrides.empty() ? path : path + " + command line";
   }
-  return config_from_json(apply_overrides(doc, flags.overrides, world_size), origin, world_size);
+  json merged = apply_overrides(doc, flags.overrides, world_size);
+  // A data-parallel run that starts itself under `launch` does it before its config is
+  // resolved: the batch triple is checked in the ranks, at the world launch gives them.
+  if (world_size < 1) self_launch_if_asked(self_launch_options(merged));
+  return config_from_json(merged, origin, world_size);
 }
 
 }  // namespace polytrain

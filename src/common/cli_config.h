@@ -52,7 +52,9 @@ nlohmann::json apply_overrides(const nlohmann::json& file_doc, const nlohmann::j
                                int64_t world_size = 0);
 
 /// Loads flags.config_path (or starts from {}), applies flags.overrides (apply_overrides), and
-/// parses the result with config_from_json at world_size (< 1: WORLD_SIZE, else 1).
+/// parses the result with config_from_json at world_size (< 1: WORLD_SIZE, else 1). With
+/// world_size < 1, a run that starts itself under `launch` (self_launch.h: the trainer keys
+/// env_type, num_gpus, num_nodes, hostfile) re-executes here, before the config is checked.
 Config build_config(const ConfigFlags& flags, int64_t world_size = 0);
 
 }  // namespace polytrain

@@ -374,7 +374,7 @@ void parse_trainer(const json* j, ParseContext& ctx, TrainerOptions& t) {
   r.finish();
   r.one_of("env_type", t.env_type, kEnvTypes);
   for (const char* key : {"epochs", "max_steps", "eval_interval", "log_interval", "save_interval",
-                          "num_threads", "keep_last"})
+                          "num_threads", "keep_last", "num_gpus", "num_nodes", "master_port"})
     r.at_least(key, write(t)[key].get<int64_t>(), int64_t{0});
   if (t.epochs == 0 && t.max_steps == 0) r.fail("epochs", "and max_steps are both 0: nothing to train");
   const std::string& dev = t.pytorch_device;
@@ -387,6 +387,7 @@ void parse_trainer(const json* j, ParseContext& ctx, TrainerOptions& t) {
   if (!(t.comm_timeout > 0)) r.fail("comm_timeout", "must be > 0 seconds");
   if (t.reduce_bucket_size < 1) r.fail("reduce_bucket_size", "must be >= 1 byte");
   if (t.experiment_name.empty()) r.fail("experiment_name", "must not be empty");
+  if (t.master_port > 65535) r.fail("master_port", cat("must be a port number (0-65535), got ", t.master_port));
   // The world is not known here: resolve() checks the divisibility with the same rules.
   if (const std::string e = model_parallel_error(t.env_type, t.model_parallel_size, 0); !e.empty()) ctx.fail(e);
 }

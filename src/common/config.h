@@ -243,6 +243,14 @@ struct TrainerOptions {
   /// Tensor-parallel size (FlagAI's name; Megatron's tensor_model_parallel_size is an alias):
   /// world = model_parallel_size x data-parallel size. Above 1 needs env_type deepspeed+mpu.
   int64_t model_parallel_size = 1;
+  // FlagAI's self-launch (self_launch.h): a pytorchDDP / deepspeed / deepspeed+mpu program run
+  // without a launcher re-executes itself under `launch` when any of the first three is given.
+  int64_t num_gpus = 0;          ///< processes (GPUs) per host; 0 = launch's default
+  int64_t num_nodes = 0;         ///< hosts of the hostfile to use; 0 = all
+  std::string hostfile;          ///< DeepSpeed-style hostfile ("" = this machine)
+  std::string master_ip;         ///< rendezvous address (launch's --master_addr; "" = the first host)
+  int64_t master_port = 0;       ///< rendezvous port (0 = launch's default, 29500)
+  std::string training_script;   ///< the program launch starts ("" = this one)
 };
 
 /// `hivemind` section: decentralized training (env_type hivemind), hivemind.Optimizer's and

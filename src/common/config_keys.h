@@ -331,6 +331,9 @@ void visit(V& v, TrainerOptions& t) {
   v("reduce_bucket_size", t.reduce_bucket_size), v("overlap_comm", t.overlap_comm);
   v("find_unused_parameters", t.find_unused_parameters);
   v("model_parallel_size", t.model_parallel_size, {"tensor_model_parallel_size"});
+  v("num_gpus", t.num_gpus), v("num_nodes", t.num_nodes), v("hostfile", t.hostfile);
+  v("master_ip", t.master_ip, {"master_addr"}), v("master_port", t.master_port);
+  v("training_script", t.training_script);
 }
 
 template <class V>

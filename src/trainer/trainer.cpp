@@ -32,6 +32,7 @@
 #include "polytrain/common/dist_env.h"
 #include "polytrain/common/error.h"
 #include "polytrain/common/fault.h"
+#include "polytrain/common/self_launch.h"
 #include "polytrain/data/sample_order.h"
 #include "polytrain/models/activation_checkpoint.h"
 #include "polytrain/checkpoint/safetensors.h"
@@ -125,6 +126,9 @@ Trainer::Trainer(Config cfg)
       best_eval_loss_(std::numeric_limits<double>::quiet_NaN()),
       autocast_(autocast_of(cfg_)),
       output_cast_(output_cast_of(cfg_)) {
+  // FlagAI's Trainer launches itself: a data-parallel run asking for several processes, started
+  // without a launcher, becomes `launch ... PROGRAM ARGS` here (execv: nothing below runs).
+  self_launch_if_asked(cfg_.trainer);
   torch::manual_seed(cfg_.trainer.seed);
   // All the CPUs this process may use (affinity, cgroup quota) divided among the processes the
   // launcher started on this host, unless trainer.num_threads or OMP_NUM_THREADS says otherwise.

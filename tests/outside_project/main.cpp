@@ -1,5 +1,8 @@
-// A user's own trainer: subclass Trainer, override forward_step, train 5 steps.
+// A user's own trainer: subclass Trainer, override forward_step, train 5 steps. With
+// `self_launch PORT` after the experiments folder it asks for pytorchDDP on 2 processes, as a
+// FlagAI user does in the Trainer's arguments, and starts itself under `launch`.
 #include <cstdio>
+#include <string>
 
 #include <torch/torch.h>
 
@@ -46,6 +49,12 @@ int main(int argc, char** argv) {
   cfg.trainer.eval_interval = 0;
   cfg.trainer.progress_bar = false;
   cfg.trainer.experiments_dir = argc > 1 ? argv[1] : "experiments";
+  if (argc > 3 && std::string(argv[2]) == "self_launch") {
+    cfg.trainer.env_type = "pytorchDDP";
+    cfg.trainer.num_gpus = 2;
+    cfg.trainer.master_port = std::stoi(argv[3]);
+    cfg.batch = {16, 8, 1, 2};
+  }
   MyTrainer trainer(cfg);
   polytrain::BertForMaskedLM model(cfg.model);
   RandomTokens data;
