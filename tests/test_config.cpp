@@ -291,7 +291,7 @@ TEST(ConfigValues, InvalidConfigsNameTheKey) {
       {{{"optimizer", {{"params", {{"lr", -1}}}}}}, "'optimizer.params.lr' must be >= 0, got -1"},
       {{{"optimizer", {{"params", {{"betas", {0.9}}}}}}}, "'optimizer.params.betas' must be a list of two numbers"},
       {{{"optimizer", {{"params", {{"betas", {0.9, 1.5}}}}}}}, "'optimizer.params.betas' must both be in [0, 1)"},
-      {{{"optimizer", {{"type", "Adamm"}}}}, "'optimizer.type' must be one of Adam, AdamW, CPUAdam, Lamb, SGD, Adagrad; got 'Adamm' (did you mean 'Adam'?)"},
+      {{{"optimizer", {{"type", "Adamm"}}}}, "'optimizer.type' must be one of Adam, AdamW, CPUAdam, Lamb, Adam8bit, AdamW8bit, LAMB8bit, SGD, Adagrad; got 'Adamm' (did you mean 'Adam'?)"},
       {{{"optimizer", {{"type", "Lion"}}}}, "DeepSpeed optimizer polytrain does not implement"},
       {{{"optimizer", {{"type", "SGD"}, {"params", {{"nesterov", true}}}}}}, "'optimizer.params.nesterov' needs momentum > 0"},
       {{{"optimizer", {{"type", "Lamb"}, {"params", {{"debias", true}, {"bias_correction", true}}}}}}, "give one"},

@@ -636,6 +636,46 @@ TEST_F(Swarm, OptimizerStatisticsAveragedWithTheParametersAreTheSwarmsMean) {
   EXPECT_EQ(max_difference(weights("avg0", 1), weights("avg1", 1)), 0.0);
 }
 
+// The same with AdamW8bit (optim/optimizers_8bit.h): its statistic() is a dequantized copy, so
+// the averaged exp_avg_sq reaches the state through set_statistic (requantized); both peers then
+// hold the same codes, and the checkpoints' dequantized moments give the ratio 6 within the
+// 8-bit code's error (medians, as a block's small entries lose relative precision).
+TEST_F(Swarm, EightBitOptimizerStatisticsAveragedAreTheSwarmsMeanToo) {
+  for (const auto& [name, beta2] : {std::pair<const char*, double>{"q8a.json", 0.98}, {"q8b.json", 0.9}}) {
+    std::ifstream in(dir / "config.json");
+    json c = json::parse(in);
+    c["optimizer"]["type"] = "AdamW8bit";
+    c["optimizer"]["params"]["betas"] = {0.9, beta2};
+    std::ofstream(dir / name) << c.dump(2);
+  }
+  auto median_ratio = [&](const std::string& name) {
+    const fs::path shard = dir / name / "global_step1" / "shard_0.pt";
+    const auto m = statistics(shard, "exp_avg"), v = statistics(shard, "exp_avg_sq");
+    EXPECT_EQ(m.size(), v.size());
+    EXPECT_GT(m.size(), 10u);
+    std::vector<at::Tensor> r;
+    for (size_t i = 0; i < m.size() && i < v.size(); ++i) {
+      const auto keep = m[i].abs() > 1e-5;
+      r.push_back((v[i].masked_select(keep) / m[i].masked_select(keep).square()));
+    }
+    return torch::cat(r).median().item<double>();
+  };
+  run_pair("q8plain", "", 1, "q8a.json", "q8b.json");
+  run_pair("q8avg", "--average_opt_statistics exp_avg_sq", 1, "q8a.json", "q8b.json");
+  const double p0 = median_ratio("q8plain0"), p1 = median_ratio("q8plain1"), a0 = median_ratio("q8avg0"),
+               a1 = median_ratio("q8avg1");
+  std::printf("[swarm] AdamW8bit exp_avg_sq / exp_avg^2 (median): control %.4f and %.4f, averaged %.4f and %.4f\n", p0,
+              p1, a0, a1);
+  EXPECT_NEAR(p0, 2.0, 0.1);
+  EXPECT_NEAR(p1, 10.0, 0.5);
+  EXPECT_NEAR(a0, 6.0, 0.3);
+  const auto s0 = statistics(dir / "q8avg0" / "global_step1" / "shard_0.pt", "exp_avg_sq");
+  const auto s1 = statistics(dir / "q8avg1" / "global_step1" / "shard_0.pt", "exp_avg_sq");
+  ASSERT_EQ(s0.size(), s1.size());
+  for (size_t i = 0; i < s0.size(); ++i) EXPECT_TRUE(torch::equal(s0[i], s1[i])) << "parameter " << i;
+  EXPECT_EQ(max_difference(weights("q8avg0", 1), weights("q8avg1", 1)), 0.0);
+}
+
 // offload_optimizer: the optimizer steps an fp32 CPU copy and the model takes its values: the
 // same bits as stepping the model itself. delay_optimizer_step: each update runs in the
 // background while the next step's micro-batch computes on the weights before it, exactly one

@@ -93,10 +93,14 @@ void parse_optimizer(const json* j, ParseContext& ctx, OptimizerConfig& o) {
   p.at_least("lr_decay", o.lr_decay, 0.0);
   p.at_least("initial_accumulator_value", o.initial_accumulator_value, 0.0);
   p.above("clamp_value", o.clamp_value, 0.0);
+  p.at_least("min_8bit_size", o.min_8bit_size, int64_t{0});
   if (o.type == "Lamb" && o.amsgrad) p.fail("amsgrad", "is not supported by Lamb (DeepSpeed's FusedLamb)");
+  if (o.amsgrad && (o.type == "Adam8bit" || o.type == "AdamW8bit" || o.type == "LAMB8bit"))
+    p.fail("amsgrad", "is not supported by " + o.type + " (the 8-bit optimizers keep exp_avg and exp_avg_sq only)");
   if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))
     p.fail("nesterov", "needs momentum > 0 and dampening = 0 (torch.optim.SGD)");
-  if (o.type == "AdamW") o.adam_w_mode = true;  // DeepSpeed: the name AdamW forces decoupled decay
+  // DeepSpeed: the name AdamW forces decoupled decay (and bitsandbytes' AdamW8bit is AdamW).
+  if (o.type == "AdamW" || o.type == "AdamW8bit") o.adam_w_mode = true;
 }
 
 void parse_scheduler(const json* j, ParseContext& ctx, SchedulerConfig& s) {

@@ -27,7 +27,9 @@ struct BatchConfig {
 
 /// `optimizer {type, params}`. Names follow DeepSpeed / torch.optim.
 struct OptimizerConfig {
-  std::string type = "AdamW";  ///< Adam, AdamW, Lamb, SGD, Adagrad (case-insensitive in JSON)
+  /// Adam, AdamW, CPUAdam, Lamb, Adam8bit, AdamW8bit, LAMB8bit, SGD, Adagrad (the registry's,
+  /// optim/optimizer_registry.h; case-insensitive in JSON)
+  std::string type = "AdamW";
   double lr = 1e-3;
   double beta1 = 0.9;
   double beta2 = 0.999;
@@ -47,12 +49,18 @@ struct OptimizerConfig {
   bool nesterov = false;       ///< SGD
   double lr_decay = 0.0;       ///< Adagrad
   double initial_accumulator_value = 0.0;  ///< Adagrad
+  /// Adam8bit / AdamW8bit / LAMB8bit (bitsandbytes' semantics): a parameter with fewer
+  /// elements than min_8bit_size keeps 32-bit state (bitsandbytes' default 4096), and so does one
+  /// whose name contains any of keep_32bit_state (the embeddings by default: the 8-bit paper
+  /// trains language models with a StableEmbedding, whose state stays 32-bit).
+  int64_t min_8bit_size = 4096;
+  std::vector<std::string> keep_32bit_state = {"embed", "wte", "wpe", "shared"};
   /// Parameter names matching any of these substrings get no weight decay.
   std::vector<std::string> no_decay = {"bias", "LayerNorm", "layer_norm", "ln_"};
 };
 
 /// The per-parameter statistics `cfg`'s optimizer keeps, by the names torch.optim's state uses:
-/// Adam/AdamW/Lamb/CPUAdam exp_avg, exp_avg_sq (+ max_exp_avg_sq with amsgrad); SGD
+/// Adam/AdamW/Lamb/CPUAdam and the 8-bit ones exp_avg, exp_avg_sq (+ max_exp_avg_sq with amsgrad); SGD
 /// momentum_buffer (momentum > 0); Adagrad sum.
 std::vector<std::string> optimizer_statistics(const OptimizerConfig& cfg);
 

@@ -218,11 +218,13 @@ void visit(V& v, OptimizerConfig& o) {
   }
   v.pair("betas", o.beta1, o.beta2);
   v("amsgrad", o.amsgrad);
-  if (o.type == "Lamb") {
+  if (o.type == "Adam8bit" || o.type == "AdamW8bit" || o.type == "LAMB8bit")
+    v("min_8bit_size", o.min_8bit_size), v("keep_32bit_state", o.keep_32bit_state);
+  if (o.type == "Lamb" || o.type == "LAMB8bit") {
     v("bias_correction", o.bias_correction, {"debias"}), v("clamp_value", o.clamp_value);
   } else {
     v("bias_correction", o.bias_correction), v("adam_w_mode", o.adam_w_mode);
-    if (o.type != "CPUAdam") v("fused", o.fused), v("foreach", o.foreach);
+    if (o.type == "Adam" || o.type == "AdamW") v("fused", o.fused), v("foreach", o.foreach);  // libtorch's only
   }
 }
 

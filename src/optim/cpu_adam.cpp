@@ -450,6 +450,13 @@ class CpuAdam final : public Optimizer {
     return name == "exp_avg" ? s.exp_avg : s.exp_avg_sq;
   }
 
+  int64_t state_bytes() const override {
+    int64_t bytes = 0;
+    for (const auto& s : slots_)
+      if (s.exp_avg.defined()) bytes += (s.exp_avg.numel() + s.exp_avg_sq.numel()) * 4;
+    return bytes;
+  }
+
   void step() override {
     ++step_;
     cpu_adam::Hyper h;

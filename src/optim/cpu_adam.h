@@ -29,7 +29,8 @@ Isa hardware_isa();
 
 /// hardware_isa(), lowered by the environment variable POLYTRAIN_CPU_ADAM_ISA = scalar | avx2 |
 /// avx512 when it names a lower one (a test hook; a higher one is ignored). InputError for any
-/// other value. Reads the variable on every call (cheap), the cpuid result once.
+/// other value. Reads the variable on every call (cheap), the cpuid result once. The 8-bit
+/// optimizers' kernels (cpu_optim_8bit.h) dispatch by it too.
 Isa detect_isa();
 
 /// "scalar", "avx2", "avx512".

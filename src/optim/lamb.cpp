@@ -73,6 +73,32 @@ Lamb::Lamb(std::vector<torch::optim::OptimizerParamGroup> param_groups, LambOpti
   TORCH_CHECK(defaults.clamp_value() >= 0, "Invalid clamp value: ", defaults.clamp_value());
 }
 
+void lamb_update(const torch::Tensor& p, const torch::Tensor& grad, const torch::Tensor& exp_avg,
+                 const torch::Tensor& exp_avg_sq, int64_t step, const LambOptions& options) {
+  torch::NoGradGuard no_grad;
+  const auto [beta1, beta2] = options.betas();
+  exp_avg.mul_(beta1).add_(grad, 1 - beta1);
+  exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2);
+
+  double step_size = options.lr();
+  if (options.debias()) {
+    const double t = static_cast<double>(step);
+    step_size *= std::sqrt(1 - std::pow(beta2, t)) / (1 - std::pow(beta1, t));
+  }
+  auto adam_step = exp_avg / exp_avg_sq.sqrt().add(options.eps());
+  if (options.weight_decay() != 0) adam_step.add_(p, options.weight_decay());
+  if (options.adam()) {
+    p.add_(adam_step, -step_size);
+    return;
+  }
+  // Trust ratio as a 0-d tensor: 1 where either norm is 0, without a host round trip.
+  const auto weight_norm = p.norm().clamp(0, options.clamp_value());
+  const auto adam_norm = adam_step.norm();
+  const auto trust = torch::where(weight_norm.eq(0).logical_or(adam_norm.eq(0)),
+                                  torch::ones_like(weight_norm), weight_norm / adam_norm);
+  p.addcmul_(adam_step, trust * -step_size);
+}
+
 torch::Tensor Lamb::step(LossClosure closure) {
   torch::NoGradGuard no_grad;
   torch::Tensor loss = {};
@@ -82,7 +108,6 @@ torch::Tensor Lamb::step(LossClosure closure) {
   }
   for (auto& group : param_groups_) {
     const auto& options = static_cast<const LambOptions&>(group.options());
-    const auto [beta1, beta2] = options.betas();
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
       const auto& grad = p.grad();
@@ -97,28 +122,7 @@ torch::Tensor Lamb::step(LossClosure closure) {
       }
       auto& state = static_cast<LambParamState&>(*it->second);
       state.step(state.step() + 1);
-      auto& exp_avg = state.exp_avg();
-      auto& exp_avg_sq = state.exp_avg_sq();
-      exp_avg.mul_(beta1).add_(grad, 1 - beta1);
-      exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2);
-
-      double step_size = options.lr();
-      if (options.debias()) {
-        const double t = static_cast<double>(state.step());
-        step_size *= std::sqrt(1 - std::pow(beta2, t)) / (1 - std::pow(beta1, t));
-      }
-      auto adam_step = exp_avg / exp_avg_sq.sqrt().add(options.eps());
-      if (options.weight_decay() != 0) adam_step.add_(p, options.weight_decay());
-      if (options.adam()) {
-        p.add_(adam_step, -step_size);
-        continue;
-      }
-      // Trust ratio as a 0-d tensor: 1 where either norm is 0, without a host round trip.
-      const auto weight_norm = p.norm().clamp(0, options.clamp_value());
-      const auto adam_norm = adam_step.norm();
-      const auto trust = torch::where(weight_norm.eq(0).logical_or(adam_norm.eq(0)),
-                                      torch::ones_like(weight_norm), weight_norm / adam_norm);
-      p.addcmul_(adam_step, trust * -step_size);
+      lamb_update(p, grad, state.exp_avg(), state.exp_avg_sq(), state.step(), options);
     }
   }
   return loss;

@@ -78,4 +78,10 @@ class Lamb : public torch::optim::Optimizer {
   }
 };
 
+/// One step of the update above on one parameter with its moments (in place), `step` the
+/// 1-based t; what Lamb::step does per parameter, and what LAMB8bit uses for a parameter whose
+/// state stays 32-bit.
+void lamb_update(const torch::Tensor& p, const torch::Tensor& grad, const torch::Tensor& exp_avg,
+                 const torch::Tensor& exp_avg_sq, int64_t step, const LambOptions& options);
+
 }  // namespace polytrain

@@ -8,6 +8,7 @@
 #include "polytrain/common/error.h"
 #include "polytrain/optim/cpu_adam.h"
 #include "polytrain/optim/optimizers.h"
+#include "polytrain/optim/optimizers_8bit.h"
 
 namespace polytrain {
 namespace {
@@ -36,6 +37,9 @@ const std::vector<OptimizerEntry>& optimizer_registry() {
       {"AdamW", adam_statistics, true, true, make_adam_optimizer},
       {"CPUAdam", moments, true, true, make_cpu_adam},
       {"Lamb", moments, false, true, make_lamb_optimizer, "LAMB's trust ratio needs whole parameters"},
+      {"Adam8bit", moments, true, true, make_adam_8bit},
+      {"AdamW8bit", moments, true, true, make_adam_8bit},
+      {"LAMB8bit", moments, false, true, make_lamb_8bit, "LAMB's trust ratio needs whole parameters"},
       {"SGD", sgd_statistics, false, false, make_sgd_optimizer, "ZeRO partitions Adam/AdamW state; use Adam or AdamW"},
       {"Adagrad", adagrad_statistics, false, false, make_adagrad_optimizer,
        "ZeRO partitions Adam/AdamW state; use Adam or AdamW"},

@@ -164,6 +164,21 @@ at::Tensor Optimizer::statistic(const at::Tensor&, const std::string& name) {
   throw InputError("optimizer " + this->name() + " has no statistic '" + name + "' to average");
 }
 
+void Optimizer::set_statistic(const at::Tensor& param, const std::string& name, const at::Tensor& value) {
+  at::Tensor s = statistic(param, name);
+  PT_CHECK(s.defined(), this->name(), ": statistic '", name, "' set before the parameter's first update");
+  PT_CHECK(s.sizes() == value.sizes(), this->name(), ": statistic '", name, "' of shape ", s.sizes(), " set to ",
+           value.sizes());
+  if (!s.is_same(value)) {
+    torch::NoGradGuard no_grad;
+    s.copy_(value);
+  }
+}
+
+int64_t Optimizer::state_bytes() const {
+  throw InternalError("optimizer " + name() + " does not count its state bytes");
+}
+
 namespace {
 
 // The statistics of each libtorch state type, by torch.optim's names (Adam's and AdamW's states
@@ -225,6 +240,20 @@ class TorchOptimizer final : public Optimizer {
     return statistic_of(static_cast<const State&>(*it->second), name);
   }
 
+  int64_t state_bytes() const override {
+    using Key = typename std::decay_t<decltype(opt_->state())>::key_type;
+    int64_t bytes = 0;
+    for (const auto& [n, p] : params_) {
+      auto it = opt_->state().find(optimizer_state_key<Key>(p));
+      if (it == opt_->state().end()) continue;
+      for (const auto& stat : statistic_names_) {
+        const at::Tensor t = statistic_of(static_cast<const State&>(*it->second), stat);
+        if (t.defined()) bytes += t.numel() * static_cast<int64_t>(t.element_size());
+      }
+    }
+    return bytes;
+  }
+
   void save(torch::serialize::OutputArchive& archive) const override {
     using Key = typename std::decay_t<decltype(opt_->state())>::key_type;
     std::vector<std::string> names;
@@ -268,12 +297,14 @@ class TorchOptimizer final : public Optimizer {
   }
 
  private:
-  // Every tensor of a parameter's state has the parameter's shape (moments, accumulators).
-  static void check_shapes(torch::serialize::InputArchive& one, const at::Tensor& p, const std::string& name,
-                           const std::string& origin) {
+  // Every statistic of a parameter's state has the parameter's shape (moments, accumulators).
+  // Other tensors (an 8-bit optimizer's codes, in a checkpoint another optimizer saved) are
+  // not read.
+  void check_shapes(torch::serialize::InputArchive& one, const at::Tensor& p, const std::string& name,
+                    const std::string& origin) const {
     for (const auto& key : one.keys()) {
       c10::IValue v;
-      if (!one.try_read(key, v) || !v.isTensor()) continue;
+      if (!statistic_names_.count(key) || !one.try_read(key, v) || !v.isTensor()) continue;
       const auto t = v.toTensor();
       PT_INPUT_CHECK(t.dim() == 0 || t.sizes() == p.sizes(), origin, ": optimizer state '", key, "' of '", name,
                      "' has shape ", t.sizes(), ", the parameter ", p.sizes());

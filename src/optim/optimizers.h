@@ -53,10 +53,19 @@ class Optimizer {
   /// InputError naming the parameter when a saved state does not fit (missing, other shape).
   virtual void load(torch::serialize::InputArchive& archive, const std::string& origin) = 0;
   /// The statistic `name` (one of optimizer_statistics(): "exp_avg", "exp_avg_sq", ...) of
-  /// parameter `param`, sharing the optimizer's storage (writing it changes the state);
-  /// undefined before the parameter's first update. InputError for a name this optimizer does
-  /// not keep.
+  /// parameter `param`, sharing the optimizer's storage (writing it changes the state), except
+  /// for the 8-bit optimizers (optimizers_8bit.h), which return a dequantized fp32 copy: write
+  /// through set_statistic to be sure. Undefined before the parameter's first update.
+  /// InputError for a name this optimizer does not keep.
   virtual at::Tensor statistic(const at::Tensor& param, const std::string& name);
+  /// Sets statistic `name` of `param` to `value` (the parameter's shape), as a swarm does after
+  /// averaging it. The default copies into statistic()'s storage (nothing to do when `value`
+  /// is that storage); the 8-bit optimizers requantize. InputError as statistic();
+  /// InternalError before the parameter's first update.
+  virtual void set_statistic(const at::Tensor& param, const std::string& name, const at::Tensor& value);
+  /// Bytes of per-parameter state held between steps (moments, quantization codes and scales,
+  /// scratch kept for the next step). InternalError where an optimizer does not count them.
+  virtual int64_t state_bytes() const;
   /// The libtorch optimizer underneath, for code that needs it (golden tests).
   virtual torch::optim::Optimizer& torch_optimizer() = 0;
 };
@@ -67,6 +76,7 @@ class Optimizer {
 ///   "Adam" with adam_w_mode=false       -> torch::optim::Adam (L2 decay added to the gradient)
 ///   "SGD" -> torch::optim::SGD, "Adagrad" -> torch::optim::Adagrad, "Lamb" -> polytrain::Lamb
 ///   "CPUAdam" -> DeepSpeed's CPU Adam (cpu_adam.h: vectorised, threaded; fp32 CPU parameters)
+///   "Adam8bit", "AdamW8bit", "LAMB8bit" -> 8-bit states (optimizers_8bit.h; fp32 CPU parameters)
 /// bias_correction=false is honoured by Lamb (its `debias`) and is an InputError for Adam/AdamW,
 /// whose libtorch implementations always correct (as torch.optim's do). Other bad values
 /// (unknown type, negative lr, beta outside [0, 1), amsgrad outside Adam) are InputError

@@ -15,6 +15,7 @@
 #include "polytrain/parallel/tensor_parallel/tp_plan.h"
 #include "polytrain/checkpoint/checkpoint.h"
 #include "polytrain/optim/optimizers.h"
+#include "polytrain/optim/optimizers_8bit.h"
 
 namespace polytrain {
 
@@ -79,6 +80,7 @@ struct Assembly {
   bool stats_fixed = false;
   std::map<int64_t, std::map<std::string, at::Tensor>> parts;  // part -> stat -> [part numel]
   std::map<int64_t, at::Tensor> covered;                       // part -> int32 counts
+  std::map<int64_t, std::map<std::string, at::Tensor>> blobs;  // part -> blobs of the piece covering it whole
 };
 
 }  // namespace
@@ -96,7 +98,8 @@ StateSplit state_split(const TpShardSpec& spec, int64_t part, int64_t parts) {
 void write_state_pieces(torch::serialize::OutputArchive& archive, const std::vector<StatePiece>& pieces) {
   json index = json::array();
   std::map<std::string, std::vector<at::Tensor>> by_stat;
-  for (const auto& p : pieces) {
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const StatePiece& p = pieces[i];
     json split = p.split.parts == 1 ? json(nullptr)
                                     : json::array({p.split.dim, p.split.blocks, p.split.vocab ? 1 : 0, p.split.part,
                                                    p.split.parts});
@@ -107,7 +110,16 @@ void write_state_pieces(torch::serialize::OutputArchive& archive, const std::vec
       stats.push_back(name);
       by_stat[name].push_back(t.detach().reshape({-1}).to(at::kCPU, at::kFloat));
     }
-    index.push_back({p.name, p.whole_shape, split, p.begin, p.length, p.step, stats});
+    json entry = {p.name, p.whole_shape, split, p.begin, p.length, p.step, stats};
+    if (!p.blobs.empty()) {  // an 8th field only when there are blobs (older readers take 7)
+      json blobs = json::array();
+      for (const auto& [name, t] : p.blobs) {
+        blobs.push_back(name);
+        archive.write("blob_" + std::to_string(i) + "_" + name, t.detach().to(at::kCPU).contiguous());
+      }
+      entry.push_back(blobs);
+    }
+    index.push_back(entry);
   }
   archive.write("universal_format", c10::IValue(kFormat));
   archive.write("pieces", c10::IValue(index.dump()));
@@ -185,8 +197,10 @@ std::vector<StatePiece> read_pieces(torch::serialize::InputArchive& a, const std
   }
   std::map<std::string, int64_t> offset;
   std::vector<StatePiece> out;
-  for (const auto& e : index) {
-    const bool ok = universal ? e.is_array() && e.size() == 7 && e[0].is_string() && e[1].is_array() &&
+  for (size_t i = 0; i < index.size(); ++i) {
+    const json& e = index[i];
+    const bool ok = universal ? e.is_array() && (e.size() == 7 || (e.size() == 8 && e[7].is_array())) &&
+                                    e[0].is_string() && e[1].is_array() &&
                                     (e[2].is_null() || (e[2].is_array() && e[2].size() == 5)) &&
                                     e[3].is_number_integer() && e[4].is_number_integer() && e[5].is_number_integer() &&
                                     e[6].is_array()
@@ -223,6 +237,14 @@ std::vector<StatePiece> read_pieces(torch::serialize::InputArchive& a, const std
         PT_INPUT_CHECK(s.is_string() && stat_tensors.count(s.get<std::string>()), origin, ": parameter '", p.name,
                        "' names a statistic the shard does not hold: ", s.dump());
         stats.push_back(s.get<std::string>());
+      }
+      if (e.size() == 8) {
+        for (const auto& b : e[7]) {
+          at::Tensor t;
+          PT_INPUT_CHECK(b.is_string() && a.try_read("blob_" + std::to_string(i) + "_" + b.get<std::string>(), t),
+                         origin, ": parameter '", p.name, "' names a blob the shard does not hold: ", b.dump());
+          p.blobs.emplace_back(b.get<std::string>(), t);
+        }
       }
     } else {
       p.begin = e[2].get<int64_t>();
@@ -293,6 +315,8 @@ UniversalState read_universal_state(const ShardReader& reader) {
           if (!dst.defined()) dst = torch::zeros({n}, torch::kFloat);
           dst.narrow(0, p.begin, p.length).copy_(t);
         }
+        if (!p.blobs.empty() && p.begin == 0 && p.length == n)  // blobs describe whole parts only
+          as.blobs[p.split.part] = std::map<std::string, at::Tensor>(p.blobs.begin(), p.blobs.end());
       }
     });
   }
@@ -313,6 +337,21 @@ UniversalState read_universal_state(const ShardReader& reader) {
                      lo == 0 ? "missing elements (a gap)" : "saved more than once (an overlap)");
     }
     const auto local_shape = part_shape(as.shape, split);
+    if (!as.stat_names.count("exp_avg") && !as.blobs.empty() && as.blobs.size() == static_cast<size_t>(split.parts)) {
+      // An 8-bit optimizer's state: its moments in fp32 too, for any other optimizer or grid.
+      std::map<int64_t, std::map<std::string, at::Tensor>> moments;
+      for (const auto& [part, blobs] : as.blobs)
+        moments[part] = optim8bit::dequantize_saved(blobs, numel_of(local_shape),
+                                                    cat(reader.origin(), ": parameter '", name, "'"));
+      if (!moments.begin()->second.empty())
+        for (auto& [part, stats] : moments)
+          for (auto& [s, t] : stats) {
+            as.parts[part][s] = t;
+            as.stat_names.insert(s);
+          }
+    }
+    ps.saved_parts = split.parts;
+    ps.blobs = as.blobs;
     for (const auto& s : as.stat_names) {
       std::vector<at::Tensor> parts;
       for (int64_t part = 0; part < split.parts; ++part) {
@@ -351,8 +390,11 @@ std::vector<StatePiece> optimizer_pieces(const Optimizer& opt, const std::map<st
         if (key == "step") {
           if (v.isInt()) p.step = v.toInt();
           else if (v.isTensor() && v.toTensor().numel() == 1) p.step = static_cast<int64_t>(v.toTensor().item<double>());
-        } else if (v.isTensor() && v.toTensor().numel() == p.length && v.toTensor().numel() > 0) {
+        } else if (v.isTensor() && v.toTensor().numel() == p.length && v.toTensor().numel() > 0 &&
+                   v.toTensor().is_floating_point() && !optim8bit::is_quantized_state_key(key)) {
           p.stats.emplace_back(key, v.toTensor());
+        } else if (v.isTensor()) {
+          p.blobs.emplace_back(key, v.toTensor());  // not per element: kept as is, for the same part
         }
       }
     }
@@ -381,6 +423,13 @@ void load_optimizer_state(Optimizer& opt, const UniversalState& state,
       if (stat == "master") continue;
       at::Tensor t = spec ? tp_slice(whole, *spec, tp_rank, tp_size) : whole;
       one.write(stat, t.contiguous());
+      any = true;
+    }
+    // Blobs saved from this very part (the same TP split): an 8-bit state restored exactly.
+    const int64_t part = spec ? tp_rank : 0, parts = spec ? tp_size : 1;
+    auto blobs = ps->blobs.find(part);
+    if (ps->saved_parts == parts && blobs != ps->blobs.end()) {
+      for (const auto& [key, t] : blobs->second) one.write(key, t);
       any = true;
     }
     if (any) {

@@ -11,9 +11,14 @@
 //           a parameter anywhere);
 //   step:   the parameter's optimizer step count;
 //   stats:  the state tensors by torch.optim's names ("exp_avg", "exp_avg_sq", "momentum_buffer",
-//           "sum", ...) and "master" (ZeRO's fp32 master weights), `length` elements each.
+//           "sum", ...) and "master" (ZeRO's fp32 master weights), `length` elements each;
+//   blobs:  the piece's other state tensors, kept with their dtype and size: an 8-bit
+//           optimizer's codes and block scales (optimizers_8bit.h), which only mean something
+//           for the whole part they were saved from.
 // Reading puts every parameter back together whole and checks that the pieces cover each part
-// exactly once: a gap or an overlap is an error naming the parameter.
+// exactly once: a gap or an overlap is an error naming the parameter. An 8-bit state (blobs of
+// every part, no fp32 moments) is also dequantized into "exp_avg" / "exp_avg_sq", so that any
+// optimizer on any grid can load it; the blobs themselves go back only to the same part.
 #pragma once
 
 #include <cstdint>
@@ -48,6 +53,7 @@ struct StatePiece {
   int64_t length = 0;
   int64_t step = 0;
   std::vector<std::pair<std::string, at::Tensor>> stats;  ///< `length` elements each (any float dtype)
+  std::vector<std::pair<std::string, at::Tensor>> blobs;  ///< any size and dtype; whole parts only
 };
 
 /// The split of a tensor-parallel part of `whole_shape` by `spec` (rank `part` of `parts`).
@@ -61,6 +67,9 @@ struct ParamState {
   std::vector<int64_t> shape;
   int64_t step = 0;
   std::map<std::string, at::Tensor> stats;  ///< fp32, CPU, the parameter's whole shape
+  int64_t saved_parts = 1;                  ///< the TP parts it was saved in
+  /// Per saved TP part that one piece covered whole: its blobs, as saved.
+  std::map<int64_t, std::map<std::string, at::Tensor>> blobs;
   /// `stat` of this rank's part (the whole tensor when spec is null), flattened.
   at::Tensor local(const std::string& stat, const TpShardSpec* spec, int64_t rank, int64_t size) const;
 };
@@ -92,8 +101,9 @@ struct PieceLayout {
 };
 std::vector<StatePiece> optimizer_pieces(const Optimizer& opt, const std::map<std::string, PieceLayout>& layout);
 /// Loads `state` into a whole-parameter optimizer: each parameter's statistics sliced to this
-/// rank's part (`spec_of(name)`: its TP split or null). "master" is left out (the model file holds
-/// the weights). InputError naming the parameter when the checkpoint has no state for it.
+/// rank's part (`spec_of(name)`: its TP split or null), and its blobs where they were saved from
+/// this same part (the same TP split). "master" is left out (the model file holds the weights).
+/// InputError naming the parameter when the checkpoint has no state for it.
 void load_optimizer_state(Optimizer& opt, const UniversalState& state,
                           const std::map<std::string, const TpShardSpec*>& specs, int64_t tp_rank, int64_t tp_size,
                           const std::string& origin);

@@ -451,18 +451,28 @@ void HivemindBackend::average_state(const void* group, std::chrono::steady_clock
                                     int64_t epoch) {
   // The parameters, then each statistic of every parameter (hivemind's TrainingStateAverager
   // with average_opt_statistics). A statistic the update has not created yet (a parameter
-  // that never had a gradient anywhere) travels as zeros and is not written back.
+  // that never had a gradient anywhere) travels as zeros and is not written back. Averages
+  // land in the tensors statistic() gave, which are the optimizer's storage, or copies (8-bit
+  // optimizers): set_statistic puts them back either way (nothing to do for storage).
   const std::vector<at::Tensor>& held = masters_.empty() ? params_ : masters_;
   std::vector<at::Tensor> tensors = held;
+  std::vector<bool> defined;
   std::string what = "parameters";
   for (const auto& name : h_.average_opt_statistics) {
     what += ", " + name;
     for (const auto& p : held) {
       at::Tensor s = optimizer_->statistic(p, name);
+      defined.push_back(s.defined());
       tensors.push_back(s.defined() ? s : torch::zeros_like(p));
     }
   }
-  average_flat(std::move(tensors), /*grads=*/false, group, 1.0, round_end, epoch, what);
+  average_flat(tensors, /*grads=*/false, group, 1.0, round_end, epoch, what);
+  size_t i = 0;
+  for (const auto& name : h_.average_opt_statistics)
+    for (const auto& p : held) {
+      if (defined[i]) optimizer_->set_statistic(p, name, tensors[held.size() + i]);
+      ++i;
+    }
 }
 
 /// What the phases of one step() share.

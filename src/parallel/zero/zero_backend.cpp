@@ -10,6 +10,7 @@
 #include <cmath>
 #include <map>
 #include <set>
+#include <sstream>
 #include <unordered_set>
 
 #include <nlohmann/json.hpp>
@@ -31,6 +32,7 @@
 #include "polytrain/optim/cpu_adam.h"
 #include "polytrain/optim/optimizer_registry.h"
 #include "polytrain/optim/optimizers.h"
+#include "polytrain/optim/optimizers_8bit.h"
 
 namespace polytrain {
 
@@ -43,7 +45,8 @@ struct ZeroBackend::Group {
   at::Tensor flat_part;   ///< the owned partition of flat
   at::Tensor master;      ///< [part] fp32 master weights (flat_part itself when master_is_view)
   bool master_is_view = false;
-  at::Tensor exp_avg, exp_avg_sq;  ///< [part] fp32, beside master
+  at::Tensor exp_avg, exp_avg_sq;  ///< [part] fp32, beside master (undefined with 8-bit state)
+  QuantizedMoments q8;             ///< Adam8bit / AdamW8bit: the moments, block-wise over the partition
   at::Tensor grad_full;   ///< stage 0/1: [padded] the .grad views' storage
   at::Tensor grad;        ///< [part] the owned, reduced gradient (a view of grad_full at stage 0/1)
   at::Tensor master_grad; ///< what the optimizer reads: grad itself, or its fp32 / CPU copy
@@ -89,16 +92,34 @@ std::string lower(std::string s) {
   return s;
 }
 
+// What an 8-bit partition's blocks depend on: the partitions of every group this rank owns,
+// the pieces in them, the grid. A checkpoint's raw 8-bit state is restored only where this
+// matches (the same model on the same grid); anywhere else the fp32 pieces are requantized.
+std::string partition_fingerprint(const std::vector<ZeroLayout>& layouts, int64_t owners, int64_t owner,
+                                  const RankContext& ctx) {
+  std::ostringstream f;
+  f << "owners " << owners << " owner " << owner << " tp " << ctx.tp_rank << "/" << ctx.tp_size;
+  for (size_t g = 0; g < layouts.size(); ++g) {
+    f << " | group " << g << " part " << layouts[g].part;
+    for (const auto& p : layouts[g].owned(owner))
+      f << "; " << layouts[g].entries[p.entry].name << " " << p.param_begin << "+" << p.length;
+  }
+  return f.str();
+}
+
 // DeepSpeed's Adam / AdamW over the owned fp32 partitions: the CPU kernel (cpu_adam.h) when
 // the master weights are in CPU memory, the same formula in tensor ops on a GPU. Writes the
 // updated weights back into the parameters' partition (fused into the kernel as bf16 / fp16
-// when the parameters are half precision).
+// when the parameters are half precision). Adam8bit / AdamW8bit: the 8-bit kernel
+// (cpu_optim_8bit.h) over CPU master weights, its blocks of 2048 counted from the partition's
+// start (the last one partial).
 class PartitionAdam final : public Optimizer {
  public:
   struct Slot {
     at::Tensor master, exp_avg, exp_avg_sq, flat_part, copy_out;
     bool master_is_view = false;
     double weight_decay = 0.0;
+    QuantizedMoments q8;  ///< defined for the 8-bit optimizers (then exp_avg / exp_avg_sq are not)
   };
   PartitionAdam(const OptimizerConfig& cfg, std::vector<Slot> slots) : slots_(std::move(slots)) {
     name_ = cfg.type;
@@ -106,7 +127,7 @@ class PartitionAdam final : public Optimizer {
     beta1_ = cfg.beta1;
     beta2_ = cfg.beta2;
     eps_ = cfg.eps;
-    adam_w_mode_ = lower(cfg.type) == "adamw" || cfg.adam_w_mode;  // Adam and CPUAdam: as configured
+    adam_w_mode_ = lower(cfg.type) == "adamw" || lower(cfg.type) == "adamw8bit" || cfg.adam_w_mode;  // Adam, CPUAdam, Adam8bit: as configured
     bias_correction_ = cfg.bias_correction;
   }
   std::string name() const override { return name_; }
@@ -149,6 +170,12 @@ class PartitionAdam final : public Optimizer {
     h.adam_w_mode = adam_w_mode_;
     h.bias_correction = bias_correction_;
     const auto half = s.flat_part.scalar_type();
+    if (s.q8.defined()) {  // CPU master weights (build_partitions checked)
+      optim8bit::adam_step(h, step_, s.master.data_ptr<float>(), g.data_ptr<float>(), s.q8.view(), s.master.numel());
+      if (!s.master.is_inference()) s.master.unsafeGetTensorImpl()->bump_version();
+      if (!s.master_is_view) s.flat_part.copy_(s.master);  // to the parameters' dtype and device
+      return;
+    }
     if (s.master.is_cpu()) {
       // Copy-out fused into the kernel when the parameters are half precision.
       cpu_adam::CopyOut copy = cpu_adam::CopyOut::kNone;
@@ -306,6 +333,10 @@ void ZeroBackend::build_partitions(const OptimizerConfig& o, const std::vector<P
   const auto dev = torch::TensorOptions().dtype(dtype).device(ctx_.device);
   const auto opt_dev = torch::TensorOptions().dtype(torch::kFloat).device(offload_ ? c10::Device(c10::kCPU) : ctx_.device);
   const bool pin = pin_memory_ && ctx_.device.is_cuda();
+  const bool q8 = lower(o.type) == "adam8bit" || lower(o.type) == "adamw8bit";
+  PT_INPUT_CHECK(!q8 || !opt_dev.device().is_cuda(), "optimizer.type ", o.type,
+                 " keeps its 8-bit state and steps in CPU memory: with parameters on ", ctx_.device,
+                 " set zero_optimization.offload_optimizer (device cpu)");
 
   std::vector<PartitionAdam::Slot> slots;
   torch::NoGradGuard no_grad;
@@ -336,8 +367,12 @@ void ZeroBackend::build_partitions(const OptimizerConfig& o, const std::vector<P
     grp->master_is_view = !offload_ && !half;
     grp->master = grp->master_is_view ? grp->flat_part : grp->flat_part.to(opt_dev, /*non_blocking=*/false, /*copy=*/true);
     if (offload_ && pin) grp->master = grp->master.pin_memory();
-    grp->exp_avg = torch::zeros({l.part}, opt_dev);
-    grp->exp_avg_sq = torch::zeros({l.part}, opt_dev);
+    if (q8) {
+      grp->q8 = QuantizedMoments::zeros(l.part);
+    } else {
+      grp->exp_avg = torch::zeros({l.part}, opt_dev);
+      grp->exp_avg_sq = torch::zeros({l.part}, opt_dev);
+    }
     grp->grad = stage_ <= 1 ? grp->grad_full.narrow(0, l.begin_of(owner_), l.part)
                             : torch::zeros({l.part}, torch::TensorOptions().dtype(torch::kFloat).device(ctx_.device));
     if (offload_) {
@@ -353,7 +388,7 @@ void ZeroBackend::build_partitions(const OptimizerConfig& o, const std::vector<P
     grp->master.mutable_grad() = grp->master_grad;
     masters_.push_back(grp->master);
     slots.push_back(PartitionAdam::Slot{grp->master, grp->exp_avg, grp->exp_avg_sq, grp->flat_part, grp->copy_out,
-                                        grp->master_is_view, grp->weight_decay});
+                                        grp->master_is_view, grp->weight_decay, grp->q8});
     groups_.push_back(std::move(grp));
   }
   optimizer_ = std::make_unique<PartitionAdam>(o, std::move(slots));
@@ -578,7 +613,7 @@ ZeroMemory ZeroBackend::memory() const {
   for (const auto& g : groups_) {
     m.params += bytes(g->flat);
     if (!g->master_is_view) m.master += bytes(g->master);
-    m.optimizer_state += bytes(g->exp_avg) + bytes(g->exp_avg_sq);
+    m.optimizer_state += bytes(g->exp_avg) + bytes(g->exp_avg_sq) + g->q8.bytes();
     m.gradients += stage_ <= 1 ? bytes(g->grad_full) : bytes(g->grad);
     if (offload_) m.host_copies += bytes(g->master_grad) + bytes(g->copy_out);
     else if (!g->master_grad.is_same(g->grad)) m.gradients += bytes(g->master_grad);
@@ -593,14 +628,17 @@ ZeroBackend::OwnedState ZeroBackend::owned_state() const {
   for (const auto& g : groups_) {
     const ZeroLayout& l = layouts_[g->index];
     const int64_t base = l.begin_of(owner_);
+    // 8-bit moments: dequantized to fp32, so the checkpoint's pieces load on any grid.
+    const at::Tensor exp_avg = g->q8.defined() ? g->q8.dequantized("exp_avg") : g->exp_avg;
+    const at::Tensor exp_avg_sq = g->q8.defined() ? g->q8.dequantized("exp_avg_sq") : g->exp_avg_sq;
     for (const auto& p : l.owned(owner_)) {
       out.names.push_back(l.entries[p.entry].name);
       out.shapes.push_back(l.entries[p.entry].shape);
       out.begins.push_back(p.param_begin);
       out.lengths.push_back(p.length);
       master.push_back(g->master.narrow(0, p.flat_begin - base, p.length).to(torch::kCPU, torch::kFloat));
-      m.push_back(g->exp_avg.narrow(0, p.flat_begin - base, p.length).cpu());
-      v.push_back(g->exp_avg_sq.narrow(0, p.flat_begin - base, p.length).cpu());
+      m.push_back(exp_avg.narrow(0, p.flat_begin - base, p.length).cpu());
+      v.push_back(exp_avg_sq.narrow(0, p.flat_begin - base, p.length).cpu());
     }
   }
   auto join = [](const std::vector<at::Tensor>& parts) {
@@ -639,6 +677,18 @@ void ZeroBackend::save_shard(torch::serialize::OutputArchive& archive) {
     pieces.push_back(std::move(p));
   }
   write_state_pieces(archive, pieces);
+  if (groups_.front()->q8.defined()) {
+    // The pieces hold the 8-bit moments dequantized (any grid loads them); the partitions' own
+    // codes and block scales make the resume on this grid exact.
+    archive.write("zero_8bit_layout", c10::IValue(partition_fingerprint(layouts_, owners_, owner_, ctx_)));
+    for (const auto& g : groups_) {
+      const std::string k = "zero_8bit_g" + std::to_string(g->index) + "_";
+      archive.write(k + "exp_avg_codes", g->q8.exp_avg);
+      archive.write(k + "exp_avg_absmax", g->q8.exp_avg_absmax);
+      archive.write(k + "exp_avg_sq_codes", g->q8.exp_avg_sq);
+      archive.write(k + "exp_avg_sq_absmax", g->q8.exp_avg_sq_absmax);
+    }
+  }
   if (tp_) tp_->save_rng(archive);
 }
 
@@ -655,6 +705,9 @@ void ZeroBackend::load_shards(ShardReader& reader) {
   for (auto& g : groups_) {
     const ZeroLayout& l = layouts_[g->index];
     const int64_t base = l.begin_of(owner_);
+    // The moments being restored: the partition's own, or (8-bit) fp32 ones quantized after.
+    at::Tensor exp_avg = g->q8.defined() ? torch::zeros({l.part}, torch::kFloat) : g->exp_avg;
+    at::Tensor exp_avg_sq = g->q8.defined() ? torch::zeros({l.part}, torch::kFloat) : g->exp_avg_sq;
     for (const auto& en : l.entries) mine.insert(en.name);
     for (const auto& p : l.owned(owner_)) {
       const auto& en = l.entries[p.entry];
@@ -671,9 +724,46 @@ void ZeroBackend::load_shards(ShardReader& reader) {
         return true;
       };
       take("master", g->master);  // absent when saved by a whole-parameter optimizer: the model file's weights stay
-      if (!take("exp_avg", g->exp_avg)) g->exp_avg.narrow(0, p.flat_begin - base, p.length).zero_();
-      if (!take("exp_avg_sq", g->exp_avg_sq)) g->exp_avg_sq.narrow(0, p.flat_begin - base, p.length).zero_();
+      if (!take("exp_avg", exp_avg)) exp_avg.narrow(0, p.flat_begin - base, p.length).zero_();
+      if (!take("exp_avg_sq", exp_avg_sq)) exp_avg_sq.narrow(0, p.flat_begin - base, p.length).zero_();
     }
+    if (g->q8.defined()) {
+      g->q8.assign("exp_avg", exp_avg);
+      g->q8.assign("exp_avg_sq", exp_avg_sq);
+    }
+  }
+  // Saved from this partition on this grid (by this rank, or at stage 0 by the dp rank 0 of
+  // this TP rank): its raw 8-bit state, exactly, on every rank that holds the partition.
+  const std::string fingerprint =
+      groups_.front()->q8.defined() ? partition_fingerprint(layouts_, owners_, owner_, ctx_) : std::string();
+  bool exact = fingerprint.empty();
+  std::vector<int64_t> candidates = {ctx_.rank};
+  for (int64_t r = 0; r < reader.saved_world_size(); ++r)
+    if (r != ctx_.rank) candidates.push_back(r);
+  for (int64_t r : candidates) {
+    if (exact || !reader.has_shard(r)) continue;
+    reader.read_shard(r, [&](torch::serialize::InputArchive& a, const std::string& origin) {
+      c10::IValue f;
+      if (!a.try_read("zero_8bit_layout", f) || !f.isString() || f.toStringRef() != fingerprint) return;
+      exact = true;
+      for (auto& g : groups_) {
+        const std::string k = "zero_8bit_g" + std::to_string(g->index) + "_";
+        std::map<std::string, at::Tensor> saved;
+        for (const char* key : {"exp_avg_codes", "exp_avg_absmax", "exp_avg_sq_codes", "exp_avg_sq_absmax"}) {
+          at::Tensor t;
+          PT_INPUT_CHECK(a.try_read(k + key, t), origin, ": 8-bit optimizer state without '", k + key, "'");
+          saved[key] = t;
+        }
+        PT_INPUT_CHECK(saved["exp_avg_codes"].numel() == g->q8.numel() && saved["exp_avg_sq_codes"].numel() == g->q8.numel() &&
+                           saved["exp_avg_absmax"].numel() == g->q8.exp_avg_absmax.numel() &&
+                           saved["exp_avg_sq_absmax"].numel() == g->q8.exp_avg_sq_absmax.numel(),
+                       origin, ": 8-bit optimizer state of group ", g->index, " does not fit its partition");
+        g->q8.exp_avg.copy_(saved["exp_avg_codes"].reshape({-1}));
+        g->q8.exp_avg_absmax.copy_(saved["exp_avg_absmax"].reshape({-1}));
+        g->q8.exp_avg_sq.copy_(saved["exp_avg_sq_codes"].reshape({-1}));
+        g->q8.exp_avg_sq_absmax.copy_(saved["exp_avg_sq_absmax"].reshape({-1}));
+      }
+    });
   }
   for (const auto& [name, ps] : state.params)
     PT_INPUT_CHECK(mine.count(name), reader.origin(), ": optimizer state for parameter '", name,

@@ -1,0 +1,100 @@
+// Block-wise dynamic 8-bit quantization of optimizer state (Dettmers et al. 2021, "8-bit
+// Optimizers via Block-wise Quantization", the scheme of bitsandbytes' 8-bit optimizers):
+// the dynamic ("tree") code of 256 values, and a tensor of state cut into blocks of 2048
+// elements, each stored as 2048 one-byte indices into the code plus one fp32 scale (the
+// block's largest magnitude). Written here from the paper's description; no bitsandbytes code.
+//
+// This file holds the codes, the reference quantize / dequantize (plain loops, used by
+// checkpoints, statistic() and the tests) and the lookup tables that make the nearest-code
+// search two table reads; the fused optimizer kernels that use them are cpu_optim_8bit.h's.
+// Torch-free.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace polytrain::quant8 {
+
+/// Elements per block: one fp32 absmax for each 2048 codes (bitsandbytes' optimizers, the paper).
+constexpr int64_t kBlockSize = 2048;
+
+/// Blocks of n elements (the last one may be partial).
+constexpr int64_t num_blocks(int64_t n) { return (n + kBlockSize - 1) / kBlockSize; }
+
+/// The search tables cover |x| in [2^-24, 2): 25 binades of 128 buckets each (the float's
+/// exponent and top 7 mantissa bits). Below, everything rounds to 0; above, to the largest code.
+constexpr int32_t kBucketBase = (127 - 24) << 7;  ///< (biased exponent << 7) of bucket 0
+constexpr int32_t kBuckets = 25 * 128;
+
+/// One 256-value code, sorted ascending, and its search tables.
+///
+/// The dynamic code (the paper's Figure 2; bitsandbytes' create_dynamic_map): after the sign
+/// bit, E zero bits give the decimal exponent 10^-E (E = 0..6), the next (indicator) bit is 1,
+/// and the remaining 6 - E bits are a linear fraction: 2^(6-E) values at the midpoints of
+/// 2^(6-E) equal intervals of [0.1, 1], times 10^-E. The two bit patterns left over hold 0 and
+/// 1.0 (bitsandbytes appends both). The signed code (first moment) has 127 positive values,
+/// their 127 negatives, 0 and 1.0 (so -1.0 is not in it: its most negative value is
+/// -0.99296875); the unsigned code (second moment) uses the sign bit as one more fraction bit:
+/// 2^(7-E) values a decade, 254 in all, plus 0 and 1.0.
+///
+/// The values are computed in float by a formula the SIMD kernels evaluate lane-wise (no table
+/// gather on the update's critical path): for magnitude index w (|index - 127| signed, index + 1
+/// unsigned), e = floor(log2 w) - shift (shift 0 signed, 1 unsigned), k = w - 2^(e + shift),
+/// value = fma(slope[e], k, first[e]) for e in [0, 7) (decade 10^(e-6): first its first value,
+/// slope its spacing), 1.0 for e = 7, 0 for e < 0. Each value is within 2 ulp of the formula
+/// above evaluated exactly; `values` holds exactly what the kernels compute.
+struct DynamicCode {
+  bool is_signed = true;
+  std::array<float, 256> values{};  ///< ascending; the byte stored is the index
+  std::array<float, 8> slope{}, first{};  ///< the formula's per-e constants (slope 0, first 1 at e = 7)
+  int shift = 0;                    ///< 0 signed, 1 unsigned
+  int zero_index = 0;               ///< values[zero_index] == 0 (127 signed, 0 unsigned)
+  /// Magnitude side: values[zero_index + k] for k in [0, max_positive], -values[zero_index - k]
+  /// for k in [0, max_negative] (0 for the unsigned code: a negative input rounds to 0).
+  int max_positive = 0, max_negative = 0;
+  /// Per bucket: (c << 17) | t, where c is the number of thresholds below the bucket and t the
+  /// low 16 bits of the threshold inside the bucket (0x10000 when none). A magnitude a in the
+  /// bucket has magnitude index c + (low16(a) > t): at most one threshold falls in a bucket
+  /// (checked when the tables are built), and within a bucket float order is low-bit order.
+  std::array<int32_t, kBuckets> buckets{};
+};
+
+/// The signed dynamic code (bitsandbytes: create_dynamic_map(signed=True)), built once.
+const DynamicCode& signed_code();
+/// The unsigned dynamic code (create_dynamic_map(signed=False)), built once.
+const DynamicCode& unsigned_code();
+
+/// Builds a dynamic code from the formula above (what signed_code() / unsigned_code() return).
+DynamicCode make_dynamic_code(bool is_signed);
+
+/// Index of the code value nearest to x (x normalised to about [-1, 1]); an exact tie goes to
+/// the value nearer zero. Two table reads; the SIMD kernels compute the same thing lane-wise.
+inline uint8_t nearest_index(const DynamicCode& c, float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  const uint32_t mag = bits & 0x7FFFFFFFu;
+  int32_t b = static_cast<int32_t>(mag >> 16) - kBucketBase;
+  b = b < 0 ? 0 : (b >= kBuckets ? kBuckets - 1 : b);
+  const int32_t e = c.buckets[static_cast<size_t>(b)];
+  int k = (e >> 17) + (static_cast<int32_t>(mag & 0xFFFFu) > (e & 0x1FFFF) ? 1 : 0);
+  if ((bits >> 31) != 0) {
+    k = k < c.max_negative ? k : c.max_negative;
+    return static_cast<uint8_t>(c.zero_index - k);
+  }
+  return static_cast<uint8_t>(c.zero_index + k);
+}
+
+/// values[index], evaluated by the formula (what make_dynamic_code fills the table with).
+float code_value(const DynamicCode& c, int index);
+
+/// Block-wise quantization of x[0, n): per block, absmax = max |x_i| (0 for an all-zero block)
+/// and each code = nearest_index(x_i * (1 / absmax)) (the reciprocal in fp32; 0 when absmax is
+/// 0). `codes` has n bytes, `absmax` num_blocks(n) floats. Non-finite inputs are unsupported.
+void quantize_blockwise(const DynamicCode& code, const float* x, int64_t n, uint8_t* codes, float* absmax);
+
+/// out_i = values[codes_i] * absmax[block of i].
+void dequantize_blockwise(const DynamicCode& code, const uint8_t* codes, const float* absmax, int64_t n, float* out);
+
+}  // namespace polytrain::quant8
