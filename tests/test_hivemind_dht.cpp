@@ -562,6 +562,7 @@ TEST(Progress, GlobalEpochSamplesAndEtaFollowHivemindsRules) {
   EXPECT_EQ(g.num_clients, 1);
   // estimated now: 10 + (20 + 1 s * 20) = 50; remaining 50 at 40 samples/s total.
   EXPECT_NEAR(g.eta_next_epoch, now + 50.0 / 40.0, 1e-9);
+  EXPECT_DOUBLE_EQ(g.samples_per_second, 40.0);  // every peer's throughput (the ETA's denominator)
   EXPECT_FALSE(hm::ready_to_update_epoch(g, 3, now));
   EXPECT_TRUE(hm::ready_to_update_epoch(g, 3, g.eta_next_epoch));
   // One trainer ahead of the 3 others does not move anyone (2 of 3 must vouch): its epoch is

@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <regex>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -72,7 +73,8 @@ struct Swarm : ::testing::Test {
   // steps with configs `config_a` and `config_b`; each saves at the last step (a save finishes
   // a delayed update). Names: tag0, tag1.
   void run_pair(const std::string& tag, const std::string& extra, int steps = 1,
-                const std::string& config_a = "config.json", const std::string& config_b = "config.json") {
+                const std::string& config_a = "config.json", const std::string& config_b = "config.json",
+                int target = 32) {
     const std::string first = "127.0.0.1:" + std::to_string(polytrain::testing::free_port());
     const std::string run_id = "pair-" + tag + "-" + std::to_string(::getpid());
     std::vector<std::unique_ptr<OwnProcess>> peers;
@@ -81,7 +83,8 @@ struct Swarm : ::testing::Test {
       const std::string cmd = "OMP_NUM_THREADS=1 exec " + base(name, k == 0 ? config_a : config_b) +
                               " --max_steps " + std::to_string(steps) + " --save_interval " + std::to_string(steps) +
                               " --env_type hivemind --train_batch_size 16 --train_micro_batch_size_per_gpu 16"
-                              " --target_batch_size 32 --num_streams 2 --stream_index " + std::to_string(k) +
+                              " --target_batch_size " + std::to_string(target) +
+                              " --num_streams 2 --stream_index " + std::to_string(k) +
                               " --expected_peers 2 --run_id " + run_id +
                               " --matchmaking_time 10 --averaging_timeout 30 --listen " +
                               (k == 0 ? first + " " : "127.0.0.1:0 --initial_peers " + first + " ") + extra;
@@ -140,6 +143,18 @@ double max_difference(const std::map<std::string, at::Tensor>& a, const std::map
   return worst;
 }
 
+// The numbers of each line of `out` matching `pattern` (its groups, in order).
+std::vector<std::vector<double>> tutorial_numbers(const std::string& out, const std::string& pattern) {
+  std::vector<std::vector<double>> lines;
+  const std::regex re(pattern);
+  for (std::sregex_iterator it(out.begin(), out.end(), re), end; it != end; ++it) {
+    std::vector<double> v;
+    for (size_t i = 1; i < it->size(); ++i) v.push_back(std::stod((*it)[i]));
+    lines.push_back(v);
+  }
+  return lines;
+}
+
 // Each peer ends on its own within `seconds` (else all are killed); each must exit 0. Alone on
 // 2 cores the 4-peer run takes ~40 s, beside another test under ctest -j 2 ~160 s.
 bool all_finish(std::vector<std::unique_ptr<OwnProcess>>& peers, int seconds) {
@@ -187,6 +202,38 @@ TEST_F(Swarm, FourPeersAndAMonitorStayIdenticalAndMatchSingleProcessTraining) {
   std::printf("[swarm] 4 peers, %d global steps of 64 samples: %.1f s\n", kSteps, seconds);
   // No peer ever stepped alone.
   for (int k = 0; k < kPeers; ++k) EXPECT_EQ(peers[k]->output().find("no averaging group"), std::string::npos) << peers[k]->output();
+  // The seed tutorial's console lines with the swarm's numbers: each global step averaged with
+  // all 4 peers, the progress lines count the 4 peers and at most the target, and the peers'
+  // contributions add up to the 20 global batches of 64 samples.
+  int64_t contributed = 0;
+  for (int k = 0; k < kPeers; ++k) {
+    const std::string out = peers[k]->output();
+    const auto averaged = tutorial_numbers(out, "hivemind: Averaged tensors successfully with (\\d+) peers");
+    ASSERT_EQ(averaged.size(), static_cast<size_t>(kSteps)) << out;
+    for (const auto& a : averaged) EXPECT_EQ(a[0], kPeers) << "peer " << k;
+    const auto progress =
+        tutorial_numbers(out, "hivemind: Collaboration accumulated (\\d+) samples from (\\d+) peers; ETA ([0-9.]+) seconds");
+    EXPECT_GE(progress.size(), 1u) << out;
+    for (const auto& p : progress) {
+      EXPECT_GE(p[0], 0) << "peer " << k;
+      EXPECT_LE(p[0], 64) << "peer " << k;
+      EXPECT_EQ(p[1], kPeers) << "peer " << k;
+      EXPECT_GE(p[2], 0.0) << "peer " << k;
+    }
+    const auto mine = tutorial_numbers(out, "Your current contribution: (\\d+) samples");
+    ASSERT_EQ(mine.size(), static_cast<size_t>(kSteps)) << out;  // log_interval 1
+    for (size_t i = 0; i < mine.size(); ++i) {
+      const double before = i == 0 ? 0.0 : mine[i - 1][0];
+      EXPECT_GE(mine[i][0] - before, 16) << "peer " << k << " step " << i + 1;  // at least its micro-batch
+      EXPECT_LE(mine[i][0] - before, 64) << "peer " << k << " step " << i + 1;
+    }
+    EXPECT_EQ(metric("peer" + std::to_string(k), "contributed_samples").back(), mine.back()[0]) << "peer " << k;
+    contributed += static_cast<int64_t>(mine.back()[0]);
+    if (k == 0)
+      std::printf("[swarm] peer 0: %zu progress lines (last: %.0f samples from %.0f peers; ETA %.2f s), contribution %.0f\n",
+                  progress.size(), progress.back()[0], progress.back()[1], progress.back()[2], mine.back()[0]);
+  }
+  EXPECT_EQ(contributed, int64_t{kSteps} * 64);
 
   // The monitor logged every global step with all 4 peers and 64 samples, and the loss fell.
   const fs::path jsonl = dir / "monitor" / "metrics.jsonl";
@@ -884,6 +931,32 @@ TEST_F(Swarm, AClientModePeerWithNoInboundRouteTakesPartInTheRounds) { client_be
 // switches to client mode at start (with one line saying why) and takes part in the rounds,
 // instead of being excluded from every one as a sender that never came.
 TEST_F(Swarm, APeerNobodyCanReachFindsOutAtStartAndTakesPartAsAClient) { client_behind_firewall(false); }
+
+// batch_size_lead (hivemind's albert example hands its optimizer target_batch_size less the
+// lead): two peers with target_batch_size 64 and a lead of 32 step once the swarm has 32
+// samples, one micro-batch of 16 from each, where without the lead each step takes two from each.
+TEST_F(Swarm, BatchSizeLeadStepsThatManySamplesBeforeTheTarget) {
+  constexpr int kSteps = 3;
+  run_pair("lead", "--batch_size_lead 32", kSteps, "config.json", "config.json", 64);
+  int64_t contributed = 0;
+  for (int k = 0; k < 2; ++k) {
+    const std::string out = peer_log("lead" + std::to_string(k));
+    EXPECT_NE(out.find("hivemind: batch_size_lead 32: this peer steps once the swarm has 32 samples"), std::string::npos)
+        << out;
+    const auto mine = tutorial_numbers(out, "Your current contribution: (\\d+) samples");
+    ASSERT_EQ(mine.size(), static_cast<size_t>(kSteps)) << out;
+    for (size_t i = 0; i < mine.size(); ++i) EXPECT_EQ(mine[i][0], 16.0 * (i + 1)) << "peer " << k << "\n" << out;
+    contributed += static_cast<int64_t>(mine.back()[0]);
+    EXPECT_EQ(tutorial_numbers(out, "hivemind: Averaged tensors successfully with 2 peers").size(),
+              static_cast<size_t>(kSteps)) << out;
+    for (const auto& p : tutorial_numbers(out, "Collaboration accumulated (\\d+) samples from (\\d+) peers")) {
+      EXPECT_LE(p[0], 32) << out;
+      EXPECT_EQ(p[1], 2) << out;
+    }
+  }
+  EXPECT_EQ(contributed, 32 * kSteps);
+  EXPECT_EQ(max_difference(weights("lead0", kSteps), weights("lead1", kSteps)), 0.0);
+}
 
 TEST_F(Swarm, InconsistentSettingsAreOneLineErrors) {
   using polytrain::testing::expect_one_line_error;

@@ -109,10 +109,27 @@ void add_config_flags(CLI::App& app, ConfigFlags& flags) {
   auto hm = [](const char* key) { return std::vector<std::string>{"hivemind", key}; };
   for (const char* key : {"run_id", "listen", "announce", "compression", "identity_path"})
     add_value<std::string>(app, flags, std::string("--") + key, hm(key), std::string("hivemind.") + key);
-  for (const char* key : {"target_batch_size", "min_group_size", "target_group_size", "average_state_every",
-                          "expected_peers", "num_streams", "stream_index"})
+  for (const char* key : {"target_batch_size", "batch_size_lead", "min_group_size", "target_group_size",
+                          "average_state_every", "expected_peers", "num_streams", "stream_index"})
     add_value<int64_t>(app, flags, std::string("--") + key, hm(key), std::string("hivemind.") + key);
-  for (const char* key : {"matchmaking_time", "averaging_timeout", "allreduce_timeout", "next_chunk_timeout",
+  // --averaging_expiration is hivemind's CollaborativeOptimizer name of matchmaking_time (its
+  // JSON alias): either flag writes its own key (so that errors name the flag given) and removes
+  // the other name from the file's section (a merge patch's null), as any flag replaces the file.
+  auto same_setting = [&](const char* key, const char* other, const std::string& help) {
+    return app.add_option_function<double>(
+        std::string("--") + key,
+        [&flags, hm, key, other](const double& v) {
+          put(flags.overrides, hm(key), json(v));
+          put(flags.overrides, hm(other), json(nullptr));
+        },
+        help);
+  };
+  same_setting("averaging_expiration", "matchmaking_time",
+               "hivemind.matchmaking_time under hivemind's CollaborativeOptimizer name")
+      ->excludes(same_setting("matchmaking_time", "averaging_expiration",
+                              "hivemind.matchmaking_time: seconds a declared peer waits for followers "
+                              "(alias --averaging_expiration)"));
+  for (const char* key : {"averaging_timeout", "allreduce_timeout", "next_chunk_timeout",
                           "request_timeout", "bootstrap_timeout", "metadata_expiration", "load_state_timeout",
                           "bandwidth"})
     add_value<double>(app, flags, std::string("--") + key, hm(key), std::string("hivemind.") + key);

@@ -429,19 +429,27 @@ void parse_hivemind(const json* j, ParseContext& ctx, HivemindConfig& h) {
   for (const auto& peer : h.initial_peers)
     if (!host_port_ok(peer)) r.fail("initial_peers", "entries must be HOST:PORT, got '" + peer + "'");
   r.at_least("target_batch_size", h.target_batch_size, int64_t{0});
+  r.at_least("batch_size_lead", h.batch_size_lead, int64_t{0});
+  if (h.target_batch_size > 0 && h.batch_size_lead >= h.target_batch_size)
+    r.fail("batch_size_lead", cat("(", h.batch_size_lead, ") must be below hivemind.target_batch_size (",
+                                  h.target_batch_size, "): a peer steps once the swarm has target_batch_size - "
+                                  "batch_size_lead samples"));
+  // Messages name matchmaking_time as the user wrote it (averaging_expiration is its alias).
+  const std::string matchmaking = r.has("averaging_expiration") ? "averaging_expiration" : "matchmaking_time";
   for (const char* key : {"matchmaking_time", "averaging_timeout", "next_chunk_timeout", "request_timeout",
                           "bootstrap_timeout", "load_state_timeout"})
-    if (!(write(h)[key].get<double>() > 0)) r.fail(key, "must be > 0 seconds");
+    if (!(write(h)[key].get<double>() > 0))
+      r.fail(std::string(key) == "matchmaking_time" ? matchmaking : key, "must be > 0 seconds");
   r.at_least("allreduce_timeout", h.allreduce_timeout, 0.0);
   if (h.metadata_expiration < 11.0)
     r.fail("metadata_expiration", cat("must be >= 11 seconds (OpenDHT never completes shorter puts), got ",
                                       h.metadata_expiration));
   if (h.request_timeout >= h.matchmaking_time)
-    r.fail("request_timeout", cat("(", h.request_timeout, " s) must be shorter than hivemind.matchmaking_time (",
+    r.fail("request_timeout", cat("(", h.request_timeout, " s) must be shorter than hivemind.", matchmaking, " (",
                                   h.matchmaking_time, " s): a leader must be able to answer before its group is due"));
   if (h.matchmaking_time >= h.averaging_timeout)
-    r.fail("matchmaking_time", cat("(", h.matchmaking_time, " s) must be shorter than hivemind.averaging_timeout (",
-                                   h.averaging_timeout, " s)"));
+    r.fail(matchmaking, cat("(", h.matchmaking_time, " s) must be shorter than hivemind.averaging_timeout (",
+                            h.averaging_timeout, " s)"));
   r.above("min_group_size", h.min_group_size, int64_t{0});
   if (h.target_group_size < h.min_group_size)
     r.fail("target_group_size", cat("(", h.target_group_size, ") is below hivemind.min_group_size (", h.min_group_size, ")"));

@@ -269,7 +269,10 @@ struct HivemindConfig {
   std::string announce;                   ///< HOST:PORT others reach this peer at ("" = the bound address)
   std::vector<std::string> initial_peers;  ///< HOST:PORT of peers already in the swarm
   int64_t target_batch_size = 0;          ///< samples per global step over the swarm (required)
-  double matchmaking_time = 15.0;
+  /// This peer steps once the swarm has target_batch_size - batch_size_lead samples (hivemind's
+  /// albert example: the target it hands the optimizer); 0 <= lead < target_batch_size.
+  int64_t batch_size_lead = 0;
+  double matchmaking_time = 15.0;         ///< alias averaging_expiration (hivemind's older name)
   double averaging_timeout = 60.0;        ///< matchmaking + all-reduce of one round
   double allreduce_timeout = 0.0;         ///< the all-reduce alone (0 = averaging_timeout)
   double next_chunk_timeout = 10.0;

@@ -341,7 +341,10 @@ void visit(V& v, TrainerOptions& t) {
 template <class V>
 void visit(V& v, HivemindConfig& h) {
   v("run_id", h.run_id), v("listen", h.listen), v("announce", h.announce), v("initial_peers", h.initial_peers);
-  v("target_batch_size", h.target_batch_size), v("matchmaking_time", h.matchmaking_time);
+  v("target_batch_size", h.target_batch_size), v("batch_size_lead", h.batch_size_lead);
+  // averaging_expiration: CollaborativeOptimizer's name (DecentralizedAverager's deprecated
+  // alias of min_matchmaking_time, which hivemind.Optimizer's matchmaking_time sets).
+  v("matchmaking_time", h.matchmaking_time, {"averaging_expiration"});
   v("averaging_timeout", h.averaging_timeout), v("allreduce_timeout", h.allreduce_timeout);
   v("next_chunk_timeout", h.next_chunk_timeout), v("request_timeout", h.request_timeout);
   v("bootstrap_timeout", h.bootstrap_timeout), v("metadata_expiration", h.metadata_expiration);

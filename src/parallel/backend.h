@@ -96,6 +96,9 @@ struct StepResult {
   /// step's record, a delayed round counted with the next step; -1 for a backend that does not
   /// count it).
   int64_t sent_bytes = -1, received_bytes = -1;
+  /// Samples of this process's micro-batches that went into the global steps it took since it
+  /// started (hivemind: "Your current contribution"); -1 for a backend that does not report it.
+  int64_t contributed_samples = -1;
   bool applied() const { return outcome == StepOutcome::kApplied; }
 };
 

@@ -82,6 +82,7 @@ GlobalProgress aggregate_progress(const std::vector<PeerProgress>& others, const
     g.samples_reserved += p.samples_accumulated + p.samples_in_flight;
     estimated += static_cast<double>(p.samples_accumulated) + std::max(0.0, now - p.time) * p.samples_per_second;
   }
+  g.samples_per_second = total_sps;
   const double remaining = static_cast<double>(target_batch_size) - estimated;
   const double eta = total_sps > 0 ? std::max(0.0, remaining) / total_sps : (remaining > 0 ? max_refresh : 0.0);
   g.eta_next_epoch = now + eta;

@@ -61,6 +61,7 @@ struct GlobalProgress {
   int num_peers = 0;    ///< peers with a live record (this one included)
   int num_clients = 0;
   double eta_next_epoch = 0.0;  ///< Unix seconds
+  double samples_per_second = 0.0;  ///< the swarm's throughput: every live record's, this peer's included
   double next_fetch_time = 0.0;
   std::vector<PeerProgress> others;  ///< the other peers' records as read
 };

@@ -493,8 +493,12 @@ void Trainer::record_step(const StepResult& r, double loss, double lr) {
     line += " | forward " + fmt("%.1f", interval_ms_[1] / n) + " ms, backward " + fmt("%.1f", interval_ms_[2] / n) +
             " ms, step " + fmt("%.1f", interval_ms_[3] / n) + " ms";
   }
+  if (r.contributed_samples >= 0) fields["contributed_samples"] = r.contributed_samples;
   metrics_->record(step_, fields, "train/");
   metrics_->print_line(line);
+  // A swarm peer's own share, as hivemind's collaborative-training peers print it.
+  if (r.contributed_samples >= 0)
+    metrics_->print_line("Your current contribution: " + std::to_string(r.contributed_samples) + " samples");
   interval_steps_ = 0;
   for (double& t : interval_ms_) t = 0.0;
 }

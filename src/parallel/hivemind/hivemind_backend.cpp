@@ -178,9 +178,11 @@ void HivemindBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Co
     });
   }
   matchmaker_ = std::make_unique<hm::Matchmaker>(*dht_, *router_, identity_, address_);
+  // batch_size_lead: the target this peer steps at is lowered by the lead (hivemind's albert
+  // example hands its optimizer target_batch_size - batch_size_lead).
   tracker_ = std::make_unique<hm::ProgressTracker>(
-      *dht_, hm::ProgressTracker::Options{h_.run_id + "_progress", h_.target_batch_size, h_.client_mode,
-                                          h_.metadata_expiration, 0.0},
+      *dht_, hm::ProgressTracker::Options{h_.run_id + "_progress", h_.target_batch_size - h_.batch_size_lead,
+                                          h_.client_mode, h_.metadata_expiration, 0.0},
       epoch_);
   tracker_->publish_now();
   metrics_ = std::make_unique<hm::MetricsPublisher>(*dht_, h_.run_id + "_metrics", ms(h_.metadata_expiration));
@@ -188,6 +190,11 @@ void HivemindBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Co
               short_id(peer_id()).c_str(), h_.run_id.c_str(), dht_->address().c_str(),
               h_.client_mode ? ", client mode (no inbound connections)" : ", averaging on ",
               h_.client_mode ? "" : (address_ + " (TCP)").c_str(), dht_->address().c_str());
+  if (h_.batch_size_lead > 0)
+    std::printf("hivemind: batch_size_lead %lld: this peer steps once the swarm has %lld samples (target_batch_size %lld "
+                "less the lead)\n", static_cast<long long>(h_.batch_size_lead),
+                static_cast<long long>(h_.target_batch_size - h_.batch_size_lead),
+                static_cast<long long>(h_.target_batch_size));
   std::fflush(stdout);
 
   if (h_.expected_peers > 1) {
@@ -322,6 +329,22 @@ void HivemindBackend::report_unvouched(const hm::GlobalProgress& g) {
                static_cast<long long>(g.claimed_epoch), std::max(1, g.vouchers), static_cast<long long>(g.epoch));
 }
 
+void HivemindBackend::report_progress(const hm::GlobalProgress& g) const {
+  // hivemind's ProgressTracker logs each fetch of the swarm's progress and fetches again after
+  // clip(eta x n / max(n + 3, 1.2 n), min_refresh_period, max_refresh_period) seconds (n peers;
+  // its albert example's periods: 0.5 and 30 s). This peer's tracker fetches far more often for
+  // its own decisions; the line keeps hivemind's cadence. Not before the swarm has a throughput
+  // (no ETA to give yet).
+  const double now = hm::unix_seconds();
+  if (now < next_progress_line_ || !(g.samples_per_second > 0.0)) return;
+  const double eta = std::max(0.0, g.eta_next_epoch - now);
+  const double n = static_cast<double>(g.num_peers);
+  next_progress_line_ = now + std::clamp(eta * n / std::max(n + 3.0, 1.2 * n), 0.5, 30.0);
+  std::printf("hivemind: Collaboration accumulated %lld samples from %d peers; ETA %.2f seconds\n",
+              static_cast<long long>(g.samples_accumulated), g.num_peers, eta);
+  std::fflush(stdout);
+}
+
 int64_t HivemindBackend::catch_up(int64_t step) {
   {
     std::lock_guard<std::mutex> lock(state_mu_);
@@ -367,6 +390,7 @@ int64_t HivemindBackend::next_micro_batch(int64_t micro_steps_done, int64_t samp
     while (!known_peers_announced(epoch_) && std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(milliseconds(1));
     const auto g = tracker_->global(true);
+    report_progress(g);
     if (hm::ready_to_update_epoch(g, epoch_, hm::unix_seconds())) {
       swarm_samples_ = std::max(g.samples_reserved, g.samples_accumulated);
       return 0;
@@ -508,6 +532,7 @@ bool HivemindBackend::rejoin(const StepRound& round, StepResult* r) {
   r->outcome = StepOutcome::kNoUpdate;
   r->global_step = epoch_;
   r->samples = round.local;
+  r->contributed_samples = contributed_;  // the dropped samples went into no step
   donate();
   return true;
 }
@@ -567,6 +592,12 @@ size_t HivemindBackend::average_gradients(const StepRound& round) {
         late.insert(p.peer_id);
     averaged = average_flat(params_, /*grads=*/true, &*group, static_cast<double>(local), round.deadline, round_epoch,
                             "gradients");
+    // hivemind's line after each averaging round that formed a group: the members averaged in
+    // full, this peer included (a failed member is named in the warning above instead).
+    if (averaged > 1) {
+      std::printf("hivemind: Averaged tensors successfully with %zu peers\n", averaged);
+      std::fflush(stdout);
+    }
     for (size_t i = 0; i < group->members.size(); ++i) {
       if (i != group->self && !group->members[i].address.empty()) known_peers_.insert(group->members[i].peer_id);
       late.erase(group->members[i].peer_id);
@@ -711,6 +742,8 @@ StepResult HivemindBackend::step(const StepRequest& request, int64_t step) {
   r.global_step = epoch_;
   r.samples = std::max<int64_t>(swarm_samples_, round.local);
   r.group_size = static_cast<int64_t>(averaged);
+  contributed_ += round.local;
+  r.contributed_samples = contributed_;
   r.sent_bytes = sent_bytes_.exchange(0);
   r.received_bytes = received_bytes_.exchange(0);
   return r;

@@ -81,6 +81,8 @@ class HivemindBackend : public ReplicatedBackend {
   bool reload_from_peers(const std::string& why);
   /// Says once that a peer claims an epoch the swarm does not vouch for (progress.h).
   void report_unvouched(const hivemind::GlobalProgress& g);
+  /// "Collaboration accumulated N samples from P peers; ETA S seconds" at hivemind's cadence.
+  void report_progress(const hivemind::GlobalProgress& g) const;
   void donate();
   /// One averaging round over `tensors` (their gradients with `grads`), ending by `round_end`
   /// (the round's averaging_timeout, matchmaking included) or allreduce_timeout, the earlier.
@@ -136,6 +138,8 @@ class HivemindBackend : public ReplicatedBackend {
   mutable int64_t accounted_ = 0;  ///< samples whose backward ran this step
   mutable std::chrono::steady_clock::time_point micro_start_{};
   mutable int64_t swarm_samples_ = 0;  ///< the swarm's samples when this peer stopped accumulating
+  mutable double next_progress_line_ = 0.0;  ///< Unix seconds: the next progress line is due
+  int64_t contributed_ = 0;  ///< this peer's samples in the global steps it took (StepResult::contributed_samples)
   std::set<std::string> known_peers_;  ///< peers expected to announce in this epoch
   bool stepped_ = false;               ///< a global step was taken since the start
   bool reported_claim_ = false;        ///< an unvouched epoch claim was reported
