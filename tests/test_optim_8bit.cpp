@@ -1090,19 +1090,48 @@ TEST(Zero8bit, Stage2AtTwoRanksTracksFp32AndResumesExactly) {
   for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(one[i], q8[25 + i], 0.02 * q8[25 + i]) << "step " << 26 + i;
 }
 
+/// A one-rank Gloo communicator on a free port (a null one would take MASTER_PORT's default,
+/// 29500, which another test may hold).
+std::unique_ptr<Communicator> one_rank() {
+  return make_gloo_communicator(0, 1, "127.0.0.1", polytrain::testing::free_port(), std::chrono::seconds(30));
+}
+
 TEST(Zero8bit, LambIsRefusedAndTheStateIsAQuarter) {
   EXPECT_NE(input_error_of([] {
               const Config cfg = zero_config("/tmp", "LAMB8bit", "deepspeed", 1, 1);
-              ZeroBackend zero(cfg, nullptr);
+              ZeroBackend zero(cfg, one_rank());
               zero.prepare(std::make_shared<Net>(), cfg);
             }).find("cannot be sharded"),
             std::string::npos);
-  const Config cfg = zero_config("/tmp", "AdamW8bit", "deepspeed", 1, 1);
-  ZeroBackend zero(cfg, nullptr);
+  Config cfg = zero_config("/tmp", "AdamW8bit", "deepspeed", 1, 1);
+  cfg.optimizer.min_8bit_size = 0;  // everything 8-bit
+  cfg.optimizer.keep_32bit_state = {};
+  ZeroBackend zero(cfg, one_rank());
   zero.prepare(std::make_shared<Net>(), cfg);
   int64_t padded = 0, blocks = 0;
   for (const auto& l : zero.layouts()) padded += l.padded, blocks += quant8::num_blocks(l.part);
   EXPECT_EQ(zero.memory().optimizer_state, 2 * padded + 8 * blocks) << "two codes a parameter, two scales a block";
+  // The default rules, as the whole-parameter optimizer's: lin1.weight (4096 elements) 8-bit,
+  // the parameters under 4096 elements (lin2.weight 1024, the biases 256 and 4) fp32, the
+  // padding after them an 8-bit run of its own in each group.
+  const Config dflt = zero_config("/tmp", "AdamW8bit", "deepspeed", 1, 1);
+  ZeroBackend zero2(dflt, one_rank());
+  zero2.prepare(std::make_shared<Net>(), dflt);
+  int64_t want = 8 * (1024 + 256 + 4) + 2 * 4096 + 8 * quant8::num_blocks(4096);
+  for (const auto& l : zero2.layouts())
+    if (l.padded > l.total) want += 2 * (l.padded - l.total) + 8;
+  EXPECT_EQ(zero2.memory().optimizer_state, want);
+}
+
+// At one rank ZeRO's partition is the whole flat buffer, cut into runs at the same parameters as
+// the whole-parameter AdamW8bit's 32-bit rules, with the 8-bit runs' blocks starting where the
+// parameters start: the same losses as env_type pytorch, bit for bit.
+TEST(Zero8bit, OneRankTakesTheWholeParameterOptimizersSteps) {
+  TempDir tmp;
+  const auto whole = train_net(tmp.path, "AdamW8bit", "pytorch", 1, 20);
+  const auto zero = train_net(tmp.path, "AdamW8bit", "deepspeed", 1, 20);
+  ASSERT_EQ(zero.size(), whole.size());
+  for (size_t i = 0; i < zero.size(); ++i) EXPECT_EQ(zero[i], whole[i]) << "step " << i + 1;
 }
 
 }  // namespace

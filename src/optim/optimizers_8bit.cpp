@@ -115,6 +115,13 @@ QuantizedMoments read_saved(const std::map<std::string, at::Tensor>& saved, int6
 
 }  // namespace
 
+bool keeps_32bit_state(const OptimizerConfig& cfg, const std::string& name, int64_t numel) {
+  if (numel < cfg.min_8bit_size) return true;
+  for (const auto& sub : cfg.keep_32bit_state)
+    if (!sub.empty() && name.find(sub) != std::string::npos) return true;
+  return false;
+}
+
 bool is_quantized_state_key(const std::string& key) {
   for (const auto& k : kKeys)
     if (key == k.codes || key == k.absmax) return true;
@@ -179,7 +186,7 @@ class Optimizer8bit final : public Optimizer {
         PT_INPUT_CHECK(fresh, name_, ": parameter '", name, "' is the same tensor as '", it->second,
                        "' (it would be stepped twice)");
         slot_of_[t.unsafeGetTensorImpl()] = slots_.size();
-        Slot s{name, t, static_cast<float>(g.weight_decay), g.weight_decay, 0, {}, keeps_32bit(cfg, name, t), {}, {}};
+        Slot s{name, t, static_cast<float>(g.weight_decay), g.weight_decay, 0, {}, optim8bit::keeps_32bit_state(cfg, name, t.numel()), {}, {}};
         if (!s.full) largest = std::max(largest, t.numel());
         slots_.push_back(std::move(s));
       }
@@ -339,14 +346,6 @@ class Optimizer8bit final : public Optimizer {
     at::Tensor m32, v32;     ///< a 32-bit slot's moments, flat; undefined until its first update
     bool has_state() const { return full ? m32.defined() : state.defined(); }
   };
-
-  /// bitsandbytes' rule: small parameters and the named ones (embeddings) keep 32-bit state.
-  static bool keeps_32bit(const OptimizerConfig& cfg, const std::string& name, const at::Tensor& t) {
-    if (t.numel() < cfg.min_8bit_size) return true;
-    for (const auto& sub : cfg.keep_32bit_state)
-      if (!sub.empty() && name.find(sub) != std::string::npos) return true;
-    return false;
-  }
 
   /// Adam's hyperparameters for slot s, as cpu_adam and the 8-bit kernel take them.
   cpu_adam::Hyper adam_hyper(const Slot& s) const {

@@ -77,6 +77,11 @@ namespace optim8bit {
 std::map<std::string, at::Tensor> dequantize_saved(const std::map<std::string, at::Tensor>& saved, int64_t n,
                                                    const std::string& what);
 
+/// bitsandbytes' rule, as the 8-bit optimizers apply it: parameter `name` of `numel` elements
+/// keeps fp32 moments when numel < cfg.min_8bit_size or its name contains one of
+/// cfg.keep_32bit_state.
+bool keeps_32bit_state(const OptimizerConfig& cfg, const std::string& name, int64_t numel);
+
 /// Whether `key` is one of the 8-bit state's tensors in an archive ("exp_avg_codes", ...).
 bool is_quantized_state_key(const std::string& key);
 

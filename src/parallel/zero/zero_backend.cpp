@@ -38,6 +38,102 @@ namespace polytrain {
 
 using detail::cat;
 
+namespace {
+
+// Adam8bit / AdamW8bit moments of one partition, in runs of elements: fp32 where the parameter
+// keeps 32-bit state by the whole-parameter optimizers' rule (optim8bit::keeps_32bit_state:
+// min_8bit_size, keep_32bit_state), 8-bit elsewhere (padding included), each 8-bit run's blocks
+// of 2048 counted from its start. The same parameters get the same kind of state as under
+// pytorch, and at one rank the same blocks.
+struct Moments8bit {
+  struct Run {
+    int64_t begin = 0, length = 0;
+    bool full = false;     ///< fp32 moments m, v; else q8
+    QuantizedMoments q8;
+    at::Tensor m, v;
+  };
+  bool on = false;  ///< an 8-bit optimizer's (a partition may have no runs)
+  std::vector<Run> runs;
+
+  bool defined() const { return on; }
+
+  /// The runs of the partition [base, base + part) of layout `l`, whose pieces are `owned`.
+  static Moments8bit make(const OptimizerConfig& cfg, const ZeroLayout& l, const std::vector<ZeroLayout::Piece>& owned,
+                          int64_t base) {
+    Moments8bit m;
+    m.on = true;
+    auto add = [&](int64_t begin, int64_t length, bool full) {
+      if (length <= 0) return;
+      if (!m.runs.empty() && m.runs.back().full == full && m.runs.back().begin + m.runs.back().length == begin) {
+        m.runs.back().length += length;
+      } else {
+        m.runs.push_back(Run{begin, length, full, {}, {}, {}});
+      }
+    };
+    int64_t pos = 0;
+    for (const auto& p : owned) {
+      const auto& en = l.entries[p.entry];
+      add(pos, p.flat_begin - base - pos, false);  // padding between parameters
+      add(p.flat_begin - base, p.length, optim8bit::keeps_32bit_state(cfg, en.name, en.numel));
+      pos = p.flat_begin - base + p.length;
+    }
+    add(pos, l.part - pos, false);
+    for (auto& r : m.runs) {
+      if (r.full) {
+        r.m = torch::zeros({r.length}, torch::kFloat);
+        r.v = torch::zeros({r.length}, torch::kFloat);
+      } else {
+        r.q8 = QuantizedMoments::zeros(r.length);
+      }
+    }
+    return m;
+  }
+
+  int64_t bytes() const {
+    int64_t b = 0;
+    for (const auto& r : runs) b += r.full ? 8 * r.length : r.q8.bytes();
+    return b;
+  }
+
+  /// "exp_avg" or "exp_avg_sq" of the whole partition, fp32 (n = the partition's elements).
+  at::Tensor dequantized(const std::string& stat, int64_t n) const {
+    at::Tensor out = torch::zeros({n}, torch::kFloat);
+    for (const auto& r : runs)
+      out.narrow(0, r.begin, r.length).copy_(r.full ? (stat == "exp_avg" ? r.m : r.v) : r.q8.dequantized(stat));
+    return out;
+  }
+
+  /// Sets "exp_avg" or "exp_avg_sq" from fp32 values of the whole partition (quantizing the 8-bit runs).
+  void assign(const std::string& stat, const at::Tensor& values) {
+    for (auto& r : runs) {
+      const at::Tensor x = values.narrow(0, r.begin, r.length);
+      if (r.full) (stat == "exp_avg" ? r.m : r.v).copy_(x);
+      else r.q8.assign(stat, x);
+    }
+  }
+
+  /// One Adam step of every run: the 8-bit kernel, or CPU Adam's on the fp32 runs.
+  void step(const cpu_adam::Hyper& h, int64_t step, float* master, const float* grad) {
+    for (auto& r : runs) {
+      if (r.full) {
+        cpu_adam::step(h, step, master + r.begin, grad + r.begin, r.m.data_ptr<float>(), r.v.data_ptr<float>(),
+                       r.length);
+      } else {
+        optim8bit::adam_step(h, step, master + r.begin, grad + r.begin, r.q8.view(), r.length);
+      }
+    }
+  }
+
+  /// The runs, for the checkpoint's fingerprint.
+  std::string describe() const {
+    std::ostringstream f;
+    for (const auto& r : runs) f << " " << r.begin << "+" << r.length << (r.full ? "f" : "q");
+    return f.str();
+  }
+};
+
+}  // namespace
+
 struct ZeroBackend::Group {
   size_t index = 0;
   double weight_decay = 0.0;
@@ -46,7 +142,7 @@ struct ZeroBackend::Group {
   at::Tensor master;      ///< [part] fp32 master weights (flat_part itself when master_is_view)
   bool master_is_view = false;
   at::Tensor exp_avg, exp_avg_sq;  ///< [part] fp32, beside master (undefined with 8-bit state)
-  QuantizedMoments q8;             ///< Adam8bit / AdamW8bit: the moments, block-wise over the partition
+  Moments8bit q8;                  ///< Adam8bit / AdamW8bit: the moments, in runs over the partition
   at::Tensor grad_full;   ///< stage 0/1: [padded] the .grad views' storage
   at::Tensor grad;        ///< [part] the owned, reduced gradient (a view of grad_full at stage 0/1)
   at::Tensor master_grad; ///< what the optimizer reads: grad itself, or its fp32 / CPU copy
@@ -93,16 +189,18 @@ std::string lower(std::string s) {
 }
 
 // What an 8-bit partition's blocks depend on: the partitions of every group this rank owns,
-// the pieces in them, the grid. A checkpoint's raw 8-bit state is restored only where this
-// matches (the same model on the same grid); anywhere else the fp32 pieces are requantized.
+// the pieces in them, the grid, and the runs of 8-bit and fp32 state (`runs`, per group). A
+// checkpoint's raw 8-bit state is restored only where this matches (the same model on the same
+// grid with the same rules); anywhere else the fp32 pieces are requantized.
 std::string partition_fingerprint(const std::vector<ZeroLayout>& layouts, int64_t owners, int64_t owner,
-                                  const RankContext& ctx) {
+                                  const RankContext& ctx, const std::vector<std::string>& runs) {
   std::ostringstream f;
   f << "owners " << owners << " owner " << owner << " tp " << ctx.tp_rank << "/" << ctx.tp_size;
   for (size_t g = 0; g < layouts.size(); ++g) {
     f << " | group " << g << " part " << layouts[g].part;
     for (const auto& p : layouts[g].owned(owner))
       f << "; " << layouts[g].entries[p.entry].name << " " << p.param_begin << "+" << p.length;
+    f << "; runs" << (g < runs.size() ? runs[g] : std::string());
   }
   return f.str();
 }
@@ -110,16 +208,16 @@ std::string partition_fingerprint(const std::vector<ZeroLayout>& layouts, int64_
 // DeepSpeed's Adam / AdamW over the owned fp32 partitions: the CPU kernel (cpu_adam.h) when
 // the master weights are in CPU memory, the same formula in tensor ops on a GPU. Writes the
 // updated weights back into the parameters' partition (fused into the kernel as bf16 / fp16
-// when the parameters are half precision). Adam8bit / AdamW8bit: the 8-bit kernel
-// (cpu_optim_8bit.h) over CPU master weights, its blocks of 2048 counted from the partition's
-// start (the last one partial).
+// when the parameters are half precision). Adam8bit / AdamW8bit: over CPU master weights, the
+// 8-bit kernel (cpu_optim_8bit.h) on the partition's 8-bit runs and CPU Adam's on its fp32 runs
+// (Moments8bit).
 class PartitionAdam final : public Optimizer {
  public:
   struct Slot {
     at::Tensor master, exp_avg, exp_avg_sq, flat_part, copy_out;
     bool master_is_view = false;
     double weight_decay = 0.0;
-    QuantizedMoments q8;  ///< defined for the 8-bit optimizers (then exp_avg / exp_avg_sq are not)
+    Moments8bit q8;  ///< defined for the 8-bit optimizers (then exp_avg / exp_avg_sq are not)
   };
   PartitionAdam(const OptimizerConfig& cfg, std::vector<Slot> slots) : slots_(std::move(slots)) {
     name_ = cfg.type;
@@ -171,7 +269,7 @@ class PartitionAdam final : public Optimizer {
     h.bias_correction = bias_correction_;
     const auto half = s.flat_part.scalar_type();
     if (s.q8.defined()) {  // CPU master weights (build_partitions checked)
-      optim8bit::adam_step(h, step_, s.master.data_ptr<float>(), g.data_ptr<float>(), s.q8.view(), s.master.numel());
+      s.q8.step(h, step_, s.master.data_ptr<float>(), g.data_ptr<float>());
       if (!s.master.is_inference()) s.master.unsafeGetTensorImpl()->bump_version();
       if (!s.master_is_view) s.flat_part.copy_(s.master);  // to the parameters' dtype and device
       return;
@@ -368,7 +466,7 @@ void ZeroBackend::build_partitions(const OptimizerConfig& o, const std::vector<P
     grp->master = grp->master_is_view ? grp->flat_part : grp->flat_part.to(opt_dev, /*non_blocking=*/false, /*copy=*/true);
     if (offload_ && pin) grp->master = grp->master.pin_memory();
     if (q8) {
-      grp->q8 = QuantizedMoments::zeros(l.part);
+      grp->q8 = Moments8bit::make(o, l, l.owned(owner_), l.begin_of(owner_));
     } else {
       grp->exp_avg = torch::zeros({l.part}, opt_dev);
       grp->exp_avg_sq = torch::zeros({l.part}, opt_dev);
@@ -607,6 +705,12 @@ void ZeroBackend::load_full_state(torch::nn::Module& model, const NamedTensors& 
     if (!g->master_is_view) g->master.copy_(g->flat_part);
 }
 
+std::vector<std::string> ZeroBackend::runs_description() const {
+  std::vector<std::string> out;
+  for (const auto& g : groups_) out.push_back(g->q8.describe());
+  return out;
+}
+
 ZeroMemory ZeroBackend::memory() const {
   ZeroMemory m;
   auto bytes = [](const at::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; };
@@ -629,8 +733,8 @@ ZeroBackend::OwnedState ZeroBackend::owned_state() const {
     const ZeroLayout& l = layouts_[g->index];
     const int64_t base = l.begin_of(owner_);
     // 8-bit moments: dequantized to fp32, so the checkpoint's pieces load on any grid.
-    const at::Tensor exp_avg = g->q8.defined() ? g->q8.dequantized("exp_avg") : g->exp_avg;
-    const at::Tensor exp_avg_sq = g->q8.defined() ? g->q8.dequantized("exp_avg_sq") : g->exp_avg_sq;
+    const at::Tensor exp_avg = g->q8.defined() ? g->q8.dequantized("exp_avg", l.part) : g->exp_avg;
+    const at::Tensor exp_avg_sq = g->q8.defined() ? g->q8.dequantized("exp_avg_sq", l.part) : g->exp_avg_sq;
     for (const auto& p : l.owned(owner_)) {
       out.names.push_back(l.entries[p.entry].name);
       out.shapes.push_back(l.entries[p.entry].shape);
@@ -680,14 +784,17 @@ void ZeroBackend::save_shard(torch::serialize::OutputArchive& archive) {
   if (groups_.front()->q8.defined()) {
     // The pieces hold the 8-bit moments dequantized (any grid loads them); the partitions' own
     // codes and block scales make the resume on this grid exact.
-    archive.write("zero_8bit_layout", c10::IValue(partition_fingerprint(layouts_, owners_, owner_, ctx_)));
-    for (const auto& g : groups_) {
-      const std::string k = "zero_8bit_g" + std::to_string(g->index) + "_";
-      archive.write(k + "exp_avg_codes", g->q8.exp_avg);
-      archive.write(k + "exp_avg_absmax", g->q8.exp_avg_absmax);
-      archive.write(k + "exp_avg_sq_codes", g->q8.exp_avg_sq);
-      archive.write(k + "exp_avg_sq_absmax", g->q8.exp_avg_sq_absmax);
-    }
+    archive.write("zero_8bit_layout", c10::IValue(partition_fingerprint(layouts_, owners_, owner_, ctx_, runs_description())));
+    for (const auto& g : groups_)
+      for (size_t r = 0; r < g->q8.runs.size(); ++r) {
+        const auto& run = g->q8.runs[r];
+        if (run.full) continue;  // its fp32 moments are the pieces' own
+        const std::string k = "zero_8bit_g" + std::to_string(g->index) + "_r" + std::to_string(r) + "_";
+        archive.write(k + "exp_avg_codes", run.q8.exp_avg);
+        archive.write(k + "exp_avg_absmax", run.q8.exp_avg_absmax);
+        archive.write(k + "exp_avg_sq_codes", run.q8.exp_avg_sq);
+        archive.write(k + "exp_avg_sq_absmax", run.q8.exp_avg_sq_absmax);
+      }
   }
   if (tp_) tp_->save_rng(archive);
 }
@@ -735,7 +842,7 @@ void ZeroBackend::load_shards(ShardReader& reader) {
   // Saved from this partition on this grid (by this rank, or at stage 0 by the dp rank 0 of
   // this TP rank): its raw 8-bit state, exactly, on every rank that holds the partition.
   const std::string fingerprint =
-      groups_.front()->q8.defined() ? partition_fingerprint(layouts_, owners_, owner_, ctx_) : std::string();
+      groups_.front()->q8.defined() ? partition_fingerprint(layouts_, owners_, owner_, ctx_, runs_description()) : std::string();
   bool exact = fingerprint.empty();
   std::vector<int64_t> candidates = {ctx_.rank};
   for (int64_t r = 0; r < reader.saved_world_size(); ++r)
@@ -746,23 +853,26 @@ void ZeroBackend::load_shards(ShardReader& reader) {
       c10::IValue f;
       if (!a.try_read("zero_8bit_layout", f) || !f.isString() || f.toStringRef() != fingerprint) return;
       exact = true;
-      for (auto& g : groups_) {
-        const std::string k = "zero_8bit_g" + std::to_string(g->index) + "_";
-        std::map<std::string, at::Tensor> saved;
-        for (const char* key : {"exp_avg_codes", "exp_avg_absmax", "exp_avg_sq_codes", "exp_avg_sq_absmax"}) {
-          at::Tensor t;
-          PT_INPUT_CHECK(a.try_read(k + key, t), origin, ": 8-bit optimizer state without '", k + key, "'");
-          saved[key] = t;
+      for (auto& g : groups_)
+        for (size_t r = 0; r < g->q8.runs.size(); ++r) {
+          QuantizedMoments& q = g->q8.runs[r].q8;
+          if (g->q8.runs[r].full) continue;
+          const std::string k = "zero_8bit_g" + std::to_string(g->index) + "_r" + std::to_string(r) + "_";
+          std::map<std::string, at::Tensor> saved;
+          for (const char* key : {"exp_avg_codes", "exp_avg_absmax", "exp_avg_sq_codes", "exp_avg_sq_absmax"}) {
+            at::Tensor t;
+            PT_INPUT_CHECK(a.try_read(k + key, t), origin, ": 8-bit optimizer state without '", k + key, "'");
+            saved[key] = t;
+          }
+          PT_INPUT_CHECK(saved["exp_avg_codes"].numel() == q.numel() && saved["exp_avg_sq_codes"].numel() == q.numel() &&
+                             saved["exp_avg_absmax"].numel() == q.exp_avg_absmax.numel() &&
+                             saved["exp_avg_sq_absmax"].numel() == q.exp_avg_sq_absmax.numel(),
+                         origin, ": 8-bit optimizer state of group ", g->index, " does not fit its partition");
+          q.exp_avg.copy_(saved["exp_avg_codes"].reshape({-1}));
+          q.exp_avg_absmax.copy_(saved["exp_avg_absmax"].reshape({-1}));
+          q.exp_avg_sq.copy_(saved["exp_avg_sq_codes"].reshape({-1}));
+          q.exp_avg_sq_absmax.copy_(saved["exp_avg_sq_absmax"].reshape({-1}));
         }
-        PT_INPUT_CHECK(saved["exp_avg_codes"].numel() == g->q8.numel() && saved["exp_avg_sq_codes"].numel() == g->q8.numel() &&
-                           saved["exp_avg_absmax"].numel() == g->q8.exp_avg_absmax.numel() &&
-                           saved["exp_avg_sq_absmax"].numel() == g->q8.exp_avg_sq_absmax.numel(),
-                       origin, ": 8-bit optimizer state of group ", g->index, " does not fit its partition");
-        g->q8.exp_avg.copy_(saved["exp_avg_codes"].reshape({-1}));
-        g->q8.exp_avg_absmax.copy_(saved["exp_avg_absmax"].reshape({-1}));
-        g->q8.exp_avg_sq.copy_(saved["exp_avg_sq_codes"].reshape({-1}));
-        g->q8.exp_avg_sq_absmax.copy_(saved["exp_avg_sq_absmax"].reshape({-1}));
-      }
     });
   }
   for (const auto& [name, ps] : state.params)

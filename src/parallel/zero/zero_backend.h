@@ -108,6 +108,9 @@ class ZeroBackend : public Backend {
   void launch_remaining();
   void drain(size_t slot);
   void gather_params();
+  /// Per group, the runs of 8-bit and fp32 optimizer state in this rank's partition (8-bit
+  /// optimizers; empty strings otherwise).
+  std::vector<std::string> runs_description() const;
   void check_optimizer(const OptimizerConfig& o) const;
   std::vector<ParamGroup> collect_params(const OptimizerConfig& o);
   void build_partitions(const OptimizerConfig& o, const std::vector<ParamGroup>& split);
