@@ -99,6 +99,49 @@ TEST(Butterfly, PartsFollowBandwidthAndClientsReduceNothing) {
   EXPECT_EQ(hm::part_sizes(7, g)[0] + hm::part_sizes(7, g)[2], 7u);
 }
 
+// An auxiliary member (hivemind's AUX mode, --assist_in_averaging) beside two trainers: it
+// reduces the share its bandwidth gives it (2 of 4: half the vector), sends nothing and weighs
+// nothing, so the trainers end with the same bits as without it, their exact weighted average;
+// the auxiliary's own values (NaN in its part, 7 elsewhere) are never read, and only its part
+// of its vector is written.
+TEST(Butterfly, AnAuxiliaryMemberReducesItsShareAndAddsNothing) {
+  const size_t n = 400'000;
+  std::vector<std::unique_ptr<Peer>> peers;
+  for (int i = 0; i < 3; ++i) peers.push_back(std::make_unique<Peer>());
+  hm::Group g = group_of(peers, "aux");
+  g.members[2].bandwidth = 2.0;
+  g.members[2].auxiliary = true;
+  const auto sizes = hm::part_sizes(n, g);
+  EXPECT_EQ(sizes[2], n / 2);
+  std::vector<std::vector<float>> v = {random_vector(n, 1), random_vector(n, 2), std::vector<float>(n, 7.0f)};
+  std::fill(v[2].begin() + static_cast<long>(sizes[0] + sizes[1]), v[2].end(), std::nanf(""));
+  const auto a = v[0], b = v[1];
+  const double w[3] = {1.0, 3.0, 1e6};  // the auxiliary's weight is ignored
+  hm::AllReduceOptions o;
+  o.chunk_elements = 50'000;
+  std::vector<hm::AllReduceReport> r(3);
+  std::vector<std::thread> t;
+  for (size_t i = 0; i < 3; ++i)
+    t.emplace_back([&, i] {
+      auto gi = g;
+      gi.self = i;
+      r[i] = peers[i]->averager.allreduce(gi, v[i].data(), n, w[i], o);
+    });
+  for (auto& th : t) th.join();
+  for (size_t k = 0; k < n; ++k) {
+    const float want = static_cast<float>((double(a[k]) + 3.0 * b[k]) / 4.0);
+    ASSERT_EQ(v[0][k], want) << k;
+    ASSERT_EQ(v[1][k], want) << k;
+    if (k < sizes[0] + sizes[1]) ASSERT_EQ(v[2][k], 7.0f) << k;
+    else ASSERT_EQ(v[2][k], want) << k;
+  }
+  EXPECT_EQ(r[2].part_elements, n / 2);
+  EXPECT_EQ(r[2].part_senders, 2u);
+  EXPECT_DOUBLE_EQ(r[2].part_weight, 4.0);
+  EXPECT_EQ(r[0].part_senders, 2u) << "a trainer's part: itself and the other trainer, not the auxiliary";
+  for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(r[i].warning().empty()) << i << ": " << r[i].warning();
+}
+
 // A member declaring a huge bandwidth reduces at most kMaxBandwidthRatio x the median share.
 TEST(Butterfly, AHugeDeclaredBandwidthIsCappedAtFourTimesTheMedian) {
   hm::Group g;

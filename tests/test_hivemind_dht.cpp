@@ -616,6 +616,41 @@ TEST(Progress, NoEpochIsAdoptedOnOnePeersWord) {
   EXPECT_EQ(hm::aggregate_progress({honest, honest}, forger, 32, now).epoch, 5000);
 }
 
+// An auxiliary peer (--assist_in_averaging) trains nothing: its record says it joins the rounds
+// of its epoch, and counts in nothing else (peers, clients, samples, throughput, epoch votes
+// or claims), whether another peer reads it or it reads the swarm itself.
+TEST(Progress, AnAuxiliaryPeersRecordCountsInNoNumberOfTheSwarm) {
+  const double now = 1000.0;
+  hm::PeerProgress a{3, 10, 10.0, now, false}, b{3, 20, 10.0, now, false};
+  hm::PeerProgress aux{7, 500, 900.0, now, false};
+  aux.auxiliary = true;
+  const auto without = hm::aggregate_progress({b}, a, 64, now);
+  const auto with = hm::aggregate_progress({b, aux}, a, 64, now);
+  EXPECT_EQ(with.epoch, 3);
+  EXPECT_EQ(with.claimed_epoch, 3);
+  EXPECT_EQ(with.samples_accumulated, without.samples_accumulated);
+  EXPECT_EQ(with.num_peers, 2);
+  EXPECT_EQ(with.num_auxiliary, 1);
+  EXPECT_DOUBLE_EQ(with.samples_per_second, without.samples_per_second);
+  EXPECT_DOUBLE_EQ(with.eta_next_epoch, without.eta_next_epoch);
+  ASSERT_EQ(with.others.size(), 2u);
+  EXPECT_TRUE(with.others[1].auxiliary);
+  // The auxiliary peer's own view: the trainers' epoch and samples, itself not counted.
+  aux.epoch = 0;
+  const auto own = hm::aggregate_progress({a, b}, aux, 64, now);
+  EXPECT_EQ(own.epoch, 3);
+  EXPECT_EQ(own.samples_accumulated, 30);
+  EXPECT_EQ(own.num_peers, 2);
+  EXPECT_EQ(own.num_auxiliary, 1);
+  // The flag travels; an auxiliary peer in client mode is not a record anyone accepts.
+  const auto p = hm::decode_progress(hm::encode_progress(aux));
+  ASSERT_TRUE(p);
+  EXPECT_TRUE(p->auxiliary);
+  EXPECT_FALSE(hm::decode_progress(hm::encode_progress(a))->auxiliary);
+  aux.client_mode = true;
+  EXPECT_FALSE(hm::decode_progress(hm::encode_progress(aux)));
+}
+
 TEST(Progress, ThreePeersSeeTheSwarmsSamplesThroughTheDht) {
   hm::DhtOptions o;
   o.run_id = "progress-test";
@@ -820,6 +855,75 @@ TEST(Matchmaking, PeersAndAClientAssembleOneGroupThatAverages) {
   std::printf("6 peers (one client) matched in %.3f s at most\n", worst);
 }
 
+// hivemind's auxiliary peers (RuLeanALBERT's run_aux_peer.py --assist_in_averaging): two
+// client-mode peers accept no connections and reduce nothing, so alone they never form a
+// group. With an auxiliary peer, the only member that accepts connections, they do: it leads,
+// reduces the whole vector, and both end with exactly their weighted average. Its own vector
+// (NaN here) is never read, it sends none, and it counts in no weight.
+TEST(Matchmaking, TwoClientsAverageThroughAnAuxiliaryPeerThatAddsNothing) {
+  auto peers = match_peers("mm-aux", 1, 2, 70);  // peer 0: the auxiliary; 1 and 2: clients
+  hm::MatchmakingOptions o;
+  o.key = "mm-aux_grad_0";
+  o.matchmaking_time = 3s;
+  o.request_timeout = 1s;
+  std::vector<std::optional<hm::Group>> got(3);
+  std::vector<std::thread> t;
+  for (size_t i = 0; i < 3; ++i)
+    t.emplace_back([&, i] {
+      auto mine = o;
+      mine.auxiliary = i == 0;
+      got[i] = peers[i]->mm->find_group(mine, [] { return size_t{3}; }, hm::after(10s));
+    });
+  for (auto& th : t) th.join();
+  for (size_t i = 0; i < 3; ++i) {
+    ASSERT_TRUE(got[i]) << "peer " << i << " found no group";
+    ASSERT_EQ(got[i]->members.size(), 3u);
+    EXPECT_EQ(got[i]->group_id, got[0]->group_id);
+    // Every member sees the same roles: the auxiliary leads, the clients reduce nothing.
+    EXPECT_EQ(got[i]->members[0].peer_id, peers[0]->id->peer_id());
+    EXPECT_TRUE(got[i]->members[0].auxiliary);
+    for (size_t m = 1; m < 3; ++m) {
+      EXPECT_FALSE(got[i]->members[m].auxiliary);
+      EXPECT_TRUE(got[i]->members[m].address.empty());
+    }
+  }
+  const size_t n = 100'003;
+  std::vector<std::vector<float>> v(3, std::vector<float>(n));
+  std::mt19937 rng(7);
+  std::normal_distribution<float> d;
+  for (size_t i = 1; i < 3; ++i)
+    for (float& x : v[i]) x = d(rng);
+  std::fill(v[0].begin(), v[0].end(), std::nanf(""));
+  const auto v1 = v[1], v2 = v[2];
+  const double w[3] = {5.0, 16.0, 48.0};  // the auxiliary's weight is ignored
+  std::vector<hm::AllReduceReport> r(3);
+  t.clear();
+  for (size_t i = 0; i < 3; ++i)
+    t.emplace_back([&, i] { r[i] = peers[i]->avg.averager.allreduce(*got[i], v[i].data(), n, w[i], {}); });
+  for (auto& th : t) th.join();
+  for (size_t k = 0; k < n; ++k) {
+    const float want = static_cast<float>((16.0 * v1[k] + 48.0 * v2[k]) / 64.0);
+    ASSERT_EQ(v[1][k], want) << k;
+    ASSERT_EQ(v[2][k], want) << k;
+  }
+  EXPECT_EQ(r[0].part_elements, n);
+  EXPECT_EQ(r[0].part_senders, 2u);
+  EXPECT_DOUBLE_EQ(r[0].part_weight, 64.0);
+  EXPECT_TRUE(r[0].rejected_senders.empty()) << "its own NaN vector was read";
+  for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(r[i].warning().empty()) << i << ": " << r[i].warning();
+  // Alone, the two clients find no leader.
+  t.clear();
+  std::vector<std::optional<hm::Group>> alone(2);
+  o.key = "mm-aux_grad_1";
+  o.matchmaking_time = 1s;
+  o.request_timeout = 500ms;
+  for (size_t i = 0; i < 2; ++i)
+    t.emplace_back([&, i] { alone[i] = peers[i + 1]->mm->find_group(o, nullptr, hm::after(1500ms)); });
+  for (auto& th : t) th.join();
+  EXPECT_FALSE(alone[0]);
+  EXPECT_FALSE(alone[1]);
+}
+
 TEST(Matchmaking, TooFewPeersEndAtTheDeadlineWithNoGroup) {
   auto peers = match_peers("mm-few", 2, 0, 50);
   hm::MatchmakingOptions o;
@@ -907,6 +1011,7 @@ TEST(Matchmaking, ForgedAndMalformedJoinRequestsAreRefused) {
   hm::put_str(req, alice.peer_id());
   hm::put_str(req, "127.0.0.1:9");
   hm::put_f64(req, 1.0);
+  hm::put_u32(req, 0);  // not an auxiliary peer
   hm::put_u64(req, static_cast<uint64_t>(hm::unix_ms() + 60'000));
   hm::put_str(req, leader.id->peer_id());
   std::string forged = req;

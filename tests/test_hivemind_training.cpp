@@ -958,6 +958,186 @@ TEST_F(Swarm, BatchSizeLeadStepsThatManySamplesBeforeTheTarget) {
   EXPECT_EQ(max_difference(weights("lead0", kSteps), weights("lead1", kSteps)), 0.0);
 }
 
+// hivemind's auxiliary peer (RuLeanALBERT's run_aux_peer.py --assist_in_averaging, hivemind's
+// Optimizer(auxiliary=True)): a train_bert process that trains nothing joins two trainer peers'
+// rounds and reduces the share its bandwidth gives it (2 of 1 + 1 + 2: half of every gradient
+// and parameter round). It adds nothing (weight 0), so the trainers end with the same bits as
+// the same pair without it; "Averaged tensors successfully with 2 peers" does not count it; it
+// saves nothing and ends by itself at the swarm's last step.
+TEST_F(Swarm, AnAuxiliaryPeerReducesHalfOfEveryRoundAndChangesNoBit) {
+  constexpr int kSteps = 4;
+  const auto t0 = std::chrono::steady_clock::now();
+  run_pair("plain", "", kSteps);  // the control: the same pair, no auxiliary peer
+  const double control_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // The auxiliary peer first: the trainers join the swarm through it.
+  const std::string first = "127.0.0.1:" + std::to_string(polytrain::testing::free_port());
+  const std::string run_id = "swarm-aux-" + std::to_string(::getpid());
+  const std::string swarm = " --max_steps " + std::to_string(kSteps) + " --save_interval " + std::to_string(kSteps) +
+                            " --env_type hivemind --train_batch_size 16 --train_micro_batch_size_per_gpu 16"
+                            " --target_batch_size 32 --run_id " + run_id + " --matchmaking_time 10 --averaging_timeout 30";
+  const auto t1 = std::chrono::steady_clock::now();
+  std::vector<std::unique_ptr<OwnProcess>> peers;
+  peers.push_back(std::make_unique<OwnProcess>("OMP_NUM_THREADS=1 exec " + base("aux") + swarm + " --listen " + first +
+                                                   " --assist_in_averaging --bandwidth 2",
+                                               POLYTRAIN_SOURCE_DIR, (dir / "aux.log").string()));
+  ASSERT_TRUE(polytrain::testing::wait_until([&] { return peers[0]->output().find("--initial_peers") != std::string::npos; }, 60))
+      << peers[0]->output();
+  for (int k = 0; k < 2; ++k) {
+    const std::string name = "withaux" + std::to_string(k);
+    peers.push_back(std::make_unique<OwnProcess>(
+        "OMP_NUM_THREADS=1 exec " + base(name) + swarm + " --num_streams 2 --stream_index " + std::to_string(k) +
+            " --expected_peers 2 --listen 127.0.0.1:0 --initial_peers " + first,
+        POLYTRAIN_SOURCE_DIR, (dir / (name + ".log")).string()));
+  }
+  ASSERT_TRUE(all_finish(peers, 180)) << "the trainers and the auxiliary peer did not finish in 180 s";
+  std::printf("[swarm] 2 trainers, %d global steps: %.1f s alone, %.1f s with an auxiliary peer\n", kSteps, control_s,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count());
+  const std::string aux = peers[0]->output();
+  EXPECT_NE(aux.find("hivemind: assist_in_averaging: this peer trains nothing"), std::string::npos) << aux;
+  if (const auto at = aux.find("hivemind: assisted in averaging"); at != std::string::npos)
+    std::printf("[swarm] the auxiliary peer: %s\n", aux.substr(at, aux.find('\n', at) - at).c_str());
+  // Every round, both the gradients and the parameters: half of the vector, from both trainers.
+  for (const char* what : {"gradients", "parameters"}) {
+    const auto shares = tutorial_numbers(
+        aux, std::string("assisted in averaging epoch (\\d+)'s ") + what + ": reduced ([0-9.]+)% of them \\(\\d+ of \\d+ "
+             "values\\) from (\\d+) of (\\d+) peers");
+    ASSERT_EQ(shares.size(), static_cast<size_t>(kSteps)) << what << "\n" << aux;
+    for (size_t i = 0; i < shares.size(); ++i) {
+      EXPECT_EQ(shares[i][0], static_cast<double>(i)) << aux;
+      EXPECT_NEAR(shares[i][1], 50.0, 0.05) << aux;
+      EXPECT_EQ(shares[i][2], 2.0) << aux;
+      EXPECT_EQ(shares[i][3], 2.0) << aux;
+    }
+  }
+  EXPECT_NE(aux.find("hivemind: auxiliary peer done at epoch " + std::to_string(kSteps) + ": reduced a share of " +
+                     std::to_string(kSteps) + " of " + std::to_string(kSteps) + " rounds"),
+            std::string::npos)
+      << aux;
+  EXPECT_FALSE(fs::exists(dir / "aux" / ("global_step" + std::to_string(kSteps)))) << "an auxiliary peer saves nothing";
+  for (int k = 1; k <= 2; ++k) {
+    const std::string out = peers[k]->output();
+    EXPECT_EQ(out.find("no averaging group"), std::string::npos) << out;
+    EXPECT_EQ(tutorial_numbers(out, "hivemind: Averaged tensors successfully with 2 peers").size(),
+              static_cast<size_t>(kSteps)) << out;
+    const auto groups = metric("withaux" + std::to_string(k - 1), "group_size");
+    EXPECT_EQ(groups, std::vector<double>(kSteps, 2.0)) << out;
+  }
+  const auto w = weights("withaux0", kSteps);
+  EXPECT_EQ(max_difference(w, weights("withaux1", kSteps)), 0.0);
+  EXPECT_EQ(max_difference(w, weights("plain0", kSteps)), 0.0) << "the auxiliary peer changed the average";
+}
+
+// The collaborative ALBERT recipe (hivemind's examples/albert with RuLeanALBERT's auxiliary
+// peer) on this machine: train_albert (configs/albert_tiny.json, LAMB) under env_type
+// hivemind, a monitor, an auxiliary peer (train_albert --assist_in_averaging) and 3 trainers,
+// 2 of them in client mode in a network namespace whose firewall drops every inbound flow (as
+// the client-mode test; on loopback with --client_mode where no namespace can be made). The
+// clients take part in the rounds (their parts reduced by the trainer and the auxiliary peer,
+// half each), the monitor logs the swarm's steps, and the three trainers end with equal bits.
+TEST_F(Swarm, TheAlbertRecipeWithAMonitorAnAuxiliaryPeerAndTwoClientsBehindAFirewall) {
+  constexpr int kSteps = 12;
+  const std::string albert = POLYTRAIN_BINARY_DIR "/train_albert";
+  {
+    std::ifstream in(fs::path(POLYTRAIN_SOURCE_DIR) / "configs/albert_tiny.json");
+    json c = json::parse(in);
+    c.erase("gradient_accumulation_steps");
+    c["trainer"]["num_threads"] = 1;
+    c["trainer"]["eval_interval"] = 1000;
+    c["trainer"]["log_interval"] = 1;
+    c["trainer"]["progress_bar"] = false;
+    c["trainer"]["save_safetensors"] = true;
+    c["trainer"]["experiments_dir"] = (dir / "exp").string();
+    std::ofstream(dir / "albert.json") << c.dump(2);
+  }
+  polytrain::testing::PeerNamespace ns(/*block_inbound=*/true);
+  std::string host = "127.0.0.1", client_ip = "127.0.0.1", client_exec;
+  if (ns.ok) {
+    ASSERT_FALSE(ns.connects(/*from_inside=*/false)) << "the namespace " << ns.name << " accepts inbound connections";
+    host = ns.host_ip, client_ip = ns.peer_ip, client_exec = ns.exec();
+  } else {
+    std::printf("[swarm] no network namespace here (%s): the clients run on loopback\n", ns.why.c_str());
+  }
+  const std::string first = host + ":" + std::to_string(polytrain::testing::free_port());
+  const std::string run_id = "albert-recipe-" + std::to_string(::getpid());
+  const auto t0 = std::chrono::steady_clock::now();
+  OwnProcess monitor("exec " + kMonitor + " --run_id " + run_id + " --listen " + first + " --log_dir '" +
+                         (dir / "monitor").string() + "' --refresh 0.2",
+                     POLYTRAIN_SOURCE_DIR, (dir / "monitor.log").string());
+  ASSERT_TRUE(polytrain::testing::wait_until([&] { return monitor.output().find("--initial_peers") != std::string::npos; }, 30))
+      << monitor.output();
+  // `in`: the command prefix that runs it in the namespace ("" outside).
+  auto peer = [&](const std::string& name, const std::string& in, const std::string& listen_ip, const std::string& flags) {
+    return std::make_unique<OwnProcess>(
+        "OMP_NUM_THREADS=1 exec " + in + albert + " --config '" + (dir / "albert.json").string() + "' --experiment_name " +
+            name + " --save_dir '" + (dir / name).string() + "' --max_steps " + std::to_string(kSteps) +
+            " --save_interval " + std::to_string(kSteps) +
+            " --env_type hivemind --train_batch_size 16 --train_micro_batch_size_per_gpu 16 --target_batch_size 48"
+            " --run_id " + run_id + " --matchmaking_time 5 --averaging_timeout 30 --listen " + listen_ip +
+            ":0 --initial_peers " + first + " " + flags,
+        POLYTRAIN_SOURCE_DIR, (dir / (name + ".log")).string());
+  };
+  // The trainer first (the clients catch up with its state when they come: client-mode peers
+  // serve no state and vouch for no epoch), with the auxiliary peer beside it.
+  std::vector<std::unique_ptr<OwnProcess>> peers;
+  peers.push_back(peer("aux", "", host, "--assist_in_averaging"));
+  peers.push_back(peer("trainer", "", host, "--num_streams 3 --stream_index 0"));
+  for (auto* p : {peers[0].get(), peers[1].get()})
+    ASSERT_TRUE(polytrain::testing::wait_until([&] { return p->output().find("--initial_peers") != std::string::npos; }, 60))
+        << p->output();
+  for (int k = 1; k <= 2; ++k)
+    peers.push_back(peer("client" + std::to_string(k), client_exec, client_ip,
+                         "--client_mode --num_streams 3 --stream_index " + std::to_string(k)));
+  ASSERT_TRUE(all_finish(peers, 240)) << "the recipe did not finish in 240 s";
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // The rounds each trainer took part in, as its metrics say (group 3: all three trainers).
+  const auto t = metric("trainer", "group_size");
+  ASSERT_EQ(t.size(), static_cast<size_t>(kSteps)) << peers[1]->output();
+  const auto joined = std::find(t.begin(), t.end(), 3.0);
+  ASSERT_NE(joined, t.end()) << "the clients never took part:\n" << peers[2]->output() << peers[3]->output();
+  const auto since = t.end() - joined, all_three = std::count(joined, t.end(), 3.0);
+  EXPECT_LE(joined - t.begin(), kSteps / 2) << peers[2]->output();
+  EXPECT_GE(all_three, since - 1) << peers[1]->output();
+  for (int k = 2; k <= 3; ++k) {
+    EXPECT_NE(peers[k]->output().find("client mode (no inbound connections)"), std::string::npos) << peers[k]->output();
+    EXPECT_GE(tutorial_numbers(peers[k]->output(), "hivemind: Averaged tensors successfully with 3 peers").size(),
+              static_cast<size_t>(all_three - 1)) << peers[k]->output();
+  }
+  // The auxiliary peer reduced half of every round it joined (its bandwidth 1 against the
+  // trainer's 1; the clients reduce nothing), from all three trainers once the clients came.
+  const auto shares = tutorial_numbers(peers[0]->output(), "assisted in averaging epoch \\d+'s gradients: reduced ([0-9.]+)% "
+                                                           "of them \\(\\d+ of \\d+ values\\) from (\\d+) of (\\d+) peers");
+  ASSERT_GE(shares.size(), static_cast<size_t>(all_three)) << peers[0]->output();
+  size_t from_three = 0;
+  for (const auto& s : shares) {
+    EXPECT_NEAR(s[0], 50.0, 0.05) << peers[0]->output();
+    from_three += s[1] == 3.0 && s[2] == 3.0;
+  }
+  EXPECT_GE(from_three, static_cast<size_t>(all_three)) << peers[0]->output();
+  // The monitor logged the swarm's steps, the last ones with the 3 trainers.
+  std::vector<json> lines;
+  EXPECT_TRUE(polytrain::testing::wait_until(
+      [&] {
+        lines.clear();
+        std::ifstream in(dir / "monitor" / "metrics.jsonl");
+        for (std::string l; std::getline(in, l);) lines.push_back(json::parse(l));
+        return !lines.empty() && lines.back()["step"] == kSteps;
+      },
+      30))
+      << monitor.output();
+  monitor.signal(SIGTERM);
+  EXPECT_EQ(monitor.wait(), 0) << monitor.output();
+  ASSERT_FALSE(lines.empty());
+  EXPECT_EQ(lines.back()["alive_peers"], 3) << lines.back();
+  const auto w = weights("trainer", kSteps);
+  EXPECT_EQ(max_difference(w, weights("client1", kSteps)), 0.0);
+  EXPECT_EQ(max_difference(w, weights("client2", kSteps)), 0.0);
+  std::printf("[swarm] ALBERT recipe%s: %d global steps in %.1f s; the clients took part in %lld of the %lld rounds "
+              "since their first (round %lld); the auxiliary peer reduced half of %zu rounds from all three\n",
+              ns.ok ? (" (clients in namespace " + ns.name + ", inbound flows dropped)").c_str() : " on loopback",
+              kSteps, seconds, static_cast<long long>(all_three), static_cast<long long>(since),
+              static_cast<long long>(joined - t.begin() + 1), from_three);
+}
+
 TEST_F(Swarm, InconsistentSettingsAreOneLineErrors) {
   using polytrain::testing::expect_one_line_error;
   using polytrain::testing::run_program;
@@ -968,6 +1148,8 @@ TEST_F(Swarm, InconsistentSettingsAreOneLineErrors) {
                         "'hivemind.request_timeout' (20 s) must be shorter than hivemind.matchmaking_time");
   expect_one_line_error(run_program(hm + " --target_batch_size 64 --listen localhost"), "hivemind.listen");
   expect_one_line_error(run_program(hm + " --target_batch_size 64 --compression zstd"), "hivemind.compression");
+  expect_one_line_error(run_program(hm + " --target_batch_size 64 --client_mode --assist_in_averaging"),
+                        "'hivemind.assist_in_averaging' cannot be combined with hivemind.client_mode");
   expect_one_line_error(run_program(hm + " --target_batch_size 64 --delay_optimizer_step"),
                         "'hivemind.delay_optimizer_step' needs hivemind.offload_optimizer");
   expect_one_line_error(run_program(hm + " --target_batch_size 64 --average_opt_statistics exp_avg,momentum_buffer"),

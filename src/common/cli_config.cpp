@@ -145,6 +145,9 @@ void add_config_flags(CLI::App& app, ConfigFlags& flags) {
       ->delimiter(',');
   add_switch(app, flags, "--client_mode", hm("client_mode"), true,
              "hivemind.client_mode: no inbound connections (behind a firewall or NAT)");
+  add_switch(app, flags, "--assist_in_averaging", hm("assist_in_averaging"), true,
+             "hivemind.assist_in_averaging: an auxiliary peer; trains nothing, reduces a share of every averaging "
+             "round by its --bandwidth (with weight 0), so client-mode peers can average through it");
   add_switch(app, flags, "--delay_optimizer_step", hm("delay_optimizer_step"), true,
              "hivemind.delay_optimizer_step: each update runs in the background, one step stale (needs the "
              "config key hivemind.offload_optimizer; --offload_optimizer is ZeRO's)");

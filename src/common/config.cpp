@@ -454,6 +454,9 @@ void parse_hivemind(const json* j, ParseContext& ctx, HivemindConfig& h) {
   if (h.target_group_size < h.min_group_size)
     r.fail("target_group_size", cat("(", h.target_group_size, ") is below hivemind.min_group_size (", h.min_group_size, ")"));
   if (!(h.bandwidth > 0) || !std::isfinite(h.bandwidth)) r.fail("bandwidth", "must be > 0");
+  if (h.assist_in_averaging && h.client_mode)
+    r.fail("assist_in_averaging", "cannot be combined with hivemind.client_mode: an auxiliary peer reduces parts of "
+                                  "the others' averages, so it must accept connections (hivemind's rule)");
   r.one_of("compression", h.compression, {"none", "fp16", "scaled_fp16", "uint8"});
   r.at_least("average_state_every", h.average_state_every, int64_t{0});
   r.at_least("expected_peers", h.expected_peers, int64_t{0});

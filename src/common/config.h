@@ -283,6 +283,9 @@ struct HivemindConfig {
   int64_t min_group_size = 2;
   int64_t target_group_size = 256;
   bool client_mode = false;               ///< no inbound connections: joins groups, reduces nothing
+  /// An auxiliary peer (RuLeanALBERT's --assist_in_averaging, hivemind's auxiliary=True): trains
+  /// nothing; joins every round to reduce a share of it by its bandwidth, with weight 0.
+  bool assist_in_averaging = false;
   double bandwidth = 1.0;                 ///< relative share of each average this peer reduces
   std::string compression = "none";       ///< none, fp16, scaled_fp16, uint8
   int64_t average_state_every = 1;        ///< also average parameters every k global steps (0 = never)

@@ -350,7 +350,8 @@ void visit(V& v, HivemindConfig& h) {
   v("bootstrap_timeout", h.bootstrap_timeout), v("metadata_expiration", h.metadata_expiration);
   v("load_state_timeout", h.load_state_timeout);
   v("min_group_size", h.min_group_size), v("target_group_size", h.target_group_size);
-  v("client_mode", h.client_mode), v("bandwidth", h.bandwidth), v("compression", h.compression);
+  v("client_mode", h.client_mode), v("assist_in_averaging", h.assist_in_averaging);
+  v("bandwidth", h.bandwidth), v("compression", h.compression);
   v("average_state_every", h.average_state_every), v("average_opt_statistics", h.average_opt_statistics);
   v("offload_optimizer", h.offload_optimizer);
   v("delay_optimizer_step", h.delay_optimizer_step), v("identity_path", h.identity_path);

@@ -5,6 +5,7 @@
 #include <torch/nn/module.h>
 
 #include "polytrain/checkpoint/checkpoint.h"
+#include "polytrain/common/error.h"
 
 namespace polytrain {
 
@@ -21,6 +22,12 @@ void Backend::run_micro_batches(MicroBatchRunner& runner) {
     backward(loss, MicroStep{n, last});
     samples += n;
   }
+}
+
+int64_t Backend::assist(int64_t step, int64_t until) {
+  PT_INPUT_CHECK(false, name(), " has no auxiliary peers (hivemind.assist_in_averaging is env_type hivemind's)");
+  (void)until;
+  return step;
 }
 
 NamedTensors Backend::full_state(torch::nn::Module& model) { return module_state(model); }

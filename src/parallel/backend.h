@@ -162,6 +162,14 @@ class Backend {
   /// return `step`.
   virtual int64_t catch_up(int64_t step) { return step; }
 
+  /// Whether this process trains nothing and only helps the others: a swarm's auxiliary peer
+  /// (hivemind.assist_in_averaging). train() then runs assist() instead of its loop.
+  virtual bool assists_only() const { return false; }
+
+  /// An auxiliary peer's work from global step `step` until the swarm reaches `until` (or for
+  /// ever when `until` is 0): returns the global step reached. The default throws.
+  virtual int64_t assist(int64_t step, int64_t until);
+
   /// Every rank of the job reaches this point before any leaves it (checkpoint protocol).
   virtual void barrier() = 0;
 

@@ -398,10 +398,12 @@ void reduce_own_part(Averager::Round& r, const AllReduceCall& p, AllReduceReport
   const size_t off = p.offsets[g.self];
   float* mine = p.data + off;
   // A contribution with a non-finite value or a weight above max_weight is left out (this
-  // peer's own too): one member's NaN or 1e15 samples no longer reach the whole group.
+  // peer's own too): one member's NaN or 1e15 samples no longer reach the whole group. An
+  // auxiliary peer's own values are not a contribution: they are never read.
   auto acceptable = [&](double w, const float* v) { return w <= p.o.max_weight && all_finite(v, r.len); };
-  const bool self_in = acceptable(weight, mine);
-  if (!self_in) report->rejected_senders.push_back(g.members[g.self].peer_id);
+  const bool auxiliary = g.members[g.self].auxiliary;
+  const bool self_in = !auxiliary && acceptable(weight, mine);
+  if (!auxiliary && !self_in) report->rejected_senders.push_back(g.members[g.self].peer_id);
   double total = self_in ? weight : 0.0;
   size_t count = self_in ? 1 : 0;
   std::vector<std::pair<double, const float*>> in;  // the senders that delivered all of it
@@ -430,6 +432,8 @@ void reduce_own_part(Averager::Round& r, const AllReduceCall& p, AllReduceReport
     weighted_mean(mine, r.len, w0, in, divisor);
   }
   report->part_weight = total;
+  report->part_elements = r.len;
+  report->part_senders = count;
   r.average = mine;
   r.results_pending = delivered;  // every stream that delivered streams the result back
   r.averaged = true;
@@ -463,7 +467,7 @@ std::shared_ptr<Averager::Round> Averager::register_round(const Group& g, size_t
   round->first_contact = earliest(t0 + o.next_chunk_timeout, deadline);
   round->next_chunk = o.next_chunk_timeout;
   for (size_t i = 0; i < g.members.size(); ++i)
-    if (i != g.self) round->senders[i];
+    if (i != g.self && !g.members[i].auxiliary) round->senders[i];  // an auxiliary member sends nothing
   std::lock_guard<std::mutex> lock(mu_);
   rounds_[g.group_id] = round;
   cv_.notify_all();
@@ -496,10 +500,11 @@ AllReduceReport Averager::allreduce(const Group& g, float* data, size_t n, doubl
   std::shared_ptr<Round> round;
   if (sizes[g.self] > 0) round = register_round(g, sizes[g.self], o, t0, deadline);
 
-  // Stream every other part to its reducer; apply what comes back.
+  // Stream every other part to its reducer; apply what comes back (an auxiliary peer has no
+  // vector of its own to send).
   std::vector<Outgoing> out(g.members.size());
   for (size_t j = 0; j < g.members.size(); ++j) {
-    if (j == g.self || sizes[j] == 0) continue;
+    if (j == g.self || sizes[j] == 0 || g.members[g.self].auxiliary) continue;
     out[j].kept = sizes[j];
     out[j].thread = std::thread([&, j] { stream_part(call, j, out[j]); });
   }

@@ -4,7 +4,10 @@
 // member that accepts connections, sized in proportion to the bandwidth it declared (client-
 // mode members reduce nothing). Every member streams its slice of part j to member j in
 // chunks; member j averages the part over the members that delivered all of it, weighted by
-// the samples each accumulated, and streams the result back. Failures:
+// the samples each accumulated, and streams the result back. An auxiliary member (hivemind's
+// AveragingMode.AUX, a peer started with --assist_in_averaging) reduces its part like any
+// other but sends no vector of its own and contributes nothing to any average (weight 0: its
+// own values are never read), so client-mode members can average through it. Failures:
 //  - a sender that fails (closed stream, a chunk later than next_chunk_timeout, a broken
 //    frame) is excluded from that part: the average is exactly the others';
 //  - a reducer that fails leaves its part local on every sender (delta 0), but for the
@@ -39,6 +42,9 @@ struct Member {
   std::string peer_id;
   std::string address;     ///< HOST:PORT it accepts streams on; empty for a client-mode peer
   double bandwidth = 1.0;  ///< relative share of the vector it reduces (> 0 unless a client)
+  /// Reduces its part, sends nothing and is averaged into nothing (hivemind's AUX mode); it
+  /// accepts streams (an address and a bandwidth > 0).
+  bool auxiliary = false;
 };
 
 /// The same on every member (the leader's order).
@@ -71,6 +77,8 @@ struct AllReduceReport {
   /// max_weight (this peer's own id when its own part was).
   std::vector<std::string> rejected_senders;
   double part_weight = 0.0;                   ///< samples behind this peer's own part's average
+  size_t part_elements = 0;                   ///< of this peer's own part (0: it reduced nothing)
+  size_t part_senders = 0;                    ///< contributions averaged into this peer's own part
   uint64_t bytes_sent = 0, bytes_received = 0;  ///< every stream of the round, as sender and as reducer
   double seconds = 0.0;
   /// One line for the log when something failed (empty otherwise).
@@ -86,7 +94,9 @@ class Averager {
  public:
   Averager();
   ~Averager();
-  /// Averages data[0..n) with the group, weighted by `weight` (samples accumulated; >= 0).
+  /// Averages data[0..n) with the group, weighted by `weight` (samples accumulated; >= 0). An
+  /// auxiliary member (g.members[g.self].auxiliary) only reduces its own part of `data`, over
+  /// the others' contributions, and ignores `weight`; the rest of `data` is not touched.
   AllReduceReport allreduce(const Group& g, float* data, size_t n, double weight, const AllReduceOptions& o);
   /// Serves one incoming stream whose first frame `hello` was kMsgAllReduceHello.
   void handle(Connection& c, const Frame& hello);

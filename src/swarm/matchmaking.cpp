@@ -87,6 +87,7 @@ std::string encode_group(const Group& g) {
     put_str(s, m.peer_id);
     put_str(s, m.address);
     put_f64(s, m.bandwidth);
+    put_u32(s, m.auxiliary ? 1 : 0);
   }
   return s;
 }
@@ -105,7 +106,11 @@ std::optional<Group> decode_group(const std::string& payload, const std::string&
       m.peer_id = rd.str(kMaxId);
       m.address = rd.str(kMaxAddress);
       m.bandwidth = rd.f64();
-      if (!ids.insert(m.peer_id).second || !std::isfinite(m.bandwidth) || m.bandwidth < 0) return std::nullopt;
+      const uint32_t aux = rd.u32();
+      m.auxiliary = aux == 1;
+      if (!ids.insert(m.peer_id).second || !std::isfinite(m.bandwidth) || m.bandwidth < 0 || aux > 1 ||
+          (m.auxiliary && (m.address.empty() || !(m.bandwidth > 0))))
+        return std::nullopt;
       reducer = reducer || (!m.address.empty() && m.bandwidth > 0);
       if (m.peer_id == self_id) g.self = i, found = true;
       g.members.push_back(std::move(m));
@@ -155,7 +160,7 @@ void Matchmaker::disband_locked(const std::string& suggested) {
 Group Matchmaker::begin_locked() {
   Group g;
   g.group_id = id_->peer_id().substr(0, 16) + "/" + key_ + "/" + std::to_string(next_counter(0));
-  g.members.push_back(Member{id_->peer_id(), address_, bandwidth_});
+  g.members.push_back(Member{id_->peer_id(), address_, bandwidth_, auxiliary_});
   for (const auto& f : followers_) g.members.push_back(f->member);
   g.self = 0;
   const std::string bytes = encode_group(g);
@@ -186,13 +191,17 @@ void Matchmaker::serve_join(Connection& c, const Frame& f) {
       m.peer_id = rd.str(kMaxId);
       m.address = rd.str(kMaxAddress);
       m.bandwidth = rd.f64();
+      const uint32_t aux = rd.u32();
+      m.auxiliary = aux == 1;
       expiration = static_cast<int64_t>(rd.u64());
       const std::string leader = rd.str(kMaxId);
       const size_t signed_bytes = f.payload.size() - rd.rest().size();
       const std::string sig = rd.str(64);
       PublicKey owner{};
+      // An auxiliary peer reduces a part: it must accept streams and declare a bandwidth.
       valid = rd.done() && parse_peer_id(m.peer_id, owner) && leader == id_->peer_id() && std::isfinite(m.bandwidth) &&
-              m.bandwidth >= 0 && verify_signature(owner, kJoinDomain + f.payload.substr(0, signed_bytes), sig);
+              m.bandwidth >= 0 && aux <= 1 && (!m.auxiliary || (!m.address.empty() && m.bandwidth > 0)) &&
+              verify_signature(owner, kJoinDomain + f.payload.substr(0, signed_bytes), sig);
     } catch (const NetError&) {
       valid = false;  // truncated or oversized fields
     }
@@ -268,6 +277,7 @@ std::optional<Group> Matchmaker::try_join(const Declaration& leader, const Match
     put_str(req, id_->peer_id());
     put_str(req, address_);
     put_f64(req, bandwidth_);
+    put_u32(req, auxiliary_ ? 1 : 0);
     int64_t my_expiration;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -298,7 +308,7 @@ std::optional<Group> Matchmaker::try_join(const Declaration& leader, const Match
     } unfollow{this};
     const Frame outcome =
         conn->receive(std::min(deadline, steady_at(leader.expiration_ms) + o.request_timeout + std::chrono::milliseconds(1000)),
-                      kMaxMembers * (kMaxId + kMaxAddress + 16) + kMaxKey);
+                      kMaxMembers * (kMaxId + kMaxAddress + 24) + kMaxKey);
     if (outcome.type == kMsgBegin) {
       auto g = decode_group(outcome.payload, id_->peer_id());
       if (g) {
@@ -332,10 +342,12 @@ std::optional<Group> Matchmaker::find_group(const MatchmakingOptions& o, const s
   {
     std::lock_guard<std::mutex> lock(mu_);
     PT_CHECK(!looking_, "find_group while another is running");
+    PT_CHECK(!(client && o.auxiliary), "an auxiliary peer must accept streams (it has no address here)");
     if (stopping_) return std::nullopt;
     key_ = o.key;
     target_ = std::max<size_t>(o.target_group_size, 1);
     bandwidth_ = client ? 0.0 : o.bandwidth;
+    auxiliary_ = o.auxiliary;
     leader_.clear();
     followers_.clear();
     looking_ = !client;  // a client accepts no followers

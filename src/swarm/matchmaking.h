@@ -11,7 +11,9 @@
 // joined, or at its own expiration if the group has min_group_size members; otherwise it
 // disbands its followers, pointing them to the leader it joined itself when it did. A peer
 // that follows a leader refuses requests with NOT_A_LEADER and names its leader.
-// Client-mode peers (no inbound connections) declare nothing and only join.
+// Client-mode peers (no inbound connections) declare nothing and only join. An auxiliary peer
+// (MatchmakingOptions::auxiliary, hivemind's AUX mode) declares, leads and joins as any other;
+// its join request and the group say it is one, so the others send it nothing but its part.
 //
 // Join requests are signed with the requester's Ed25519 key (its peer id is that key), over
 // the leader's id and the round's key, so nobody joins under another peer's name.
@@ -56,6 +58,8 @@ struct MatchmakingOptions {
   size_t min_group_size = 2;
   size_t target_group_size = 256;
   double bandwidth = 1.0;
+  /// This peer only reduces (butterfly.h's Member::auxiliary); it must accept streams.
+  bool auxiliary = false;
 };
 
 /// A declaration as read from the DHT.
@@ -110,6 +114,7 @@ class Matchmaker {
   int64_t expiration_ms_ = 0;
   size_t target_ = 256;
   double bandwidth_ = 1.0;
+  bool auxiliary_ = false;
   uint64_t generation_ = 0;  ///< bumped at every outcome: waiting followers compare it
   std::string leader_;       ///< peer id of the leader this peer follows ("" = none)
   std::vector<std::shared_ptr<Follower>> followers_;

@@ -21,27 +21,31 @@ double unix_seconds() {
 std::string encode_progress(const PeerProgress& p) {
   msgpack::sbuffer buf;
   msgpack::packer<msgpack::sbuffer> pk(buf);
-  pk.pack_array(6);
+  pk.pack_array(7);
   pk.pack_int64(p.epoch);
   pk.pack_int64(p.samples_accumulated);
   pk.pack_double(p.samples_per_second);
   pk.pack_double(p.time);
   if (p.client_mode) pk.pack_true(); else pk.pack_false();
   pk.pack_int64(p.samples_in_flight);
+  if (p.auxiliary) pk.pack_true(); else pk.pack_false();
   return std::string(buf.data(), buf.size());
 }
 
 std::optional<PeerProgress> decode_progress(const std::string& payload) {
   try {
     msgpack::object_handle hold;
-    const msgpack::object* f = fields::array_of(payload, 6, hold);
+    const msgpack::object* f = fields::array_of(payload, 7, hold);
     if (!f) return std::nullopt;
     using fields::as_int, fields::as_num;
     PeerProgress p;
     if (!as_int(f[0], p.epoch) || !as_int(f[1], p.samples_accumulated) || !as_num(f[2], p.samples_per_second) ||
-        !as_num(f[3], p.time) || f[4].type != msgpack::type::BOOLEAN || !as_int(f[5], p.samples_in_flight))
+        !as_num(f[3], p.time) || f[4].type != msgpack::type::BOOLEAN || !as_int(f[5], p.samples_in_flight) ||
+        f[6].type != msgpack::type::BOOLEAN)
       return std::nullopt;
     p.client_mode = f[4].via.boolean;
+    p.auxiliary = f[6].via.boolean;
+    if (p.auxiliary && p.client_mode) return std::nullopt;  // an auxiliary peer accepts streams
     return p;
   } catch (const std::exception&) {
     return std::nullopt;
@@ -55,14 +59,19 @@ GlobalProgress aggregate_progress(const std::vector<PeerProgress>& others, const
   GlobalProgress g;
   g.target_batch_size = target_batch_size;
   g.others = others;
-  std::vector<PeerProgress> all = others;
-  all.push_back(self);
+  // Auxiliary peers train nothing: listed in `others`, counted in nothing else.
+  std::vector<PeerProgress> all;
+  for (const auto& p : others)
+    if (p.auxiliary) ++g.num_auxiliary;
+    else all.push_back(p);
+  if (self.auxiliary) ++g.num_auxiliary;
+  else all.push_back(self);
   // No epoch on one peer's word: the vouchers-th highest epoch of the other trainers that have
   // trained (a newcomer still loading has no throughput yet and does not vote).
   std::vector<int64_t> epochs;
   g.claimed_epoch = self.epoch;
   for (const auto& p : others) {
-    if (p.client_mode) continue;
+    if (p.client_mode || p.auxiliary) continue;
     g.claimed_epoch = std::max(g.claimed_epoch, p.epoch);
     if (p.samples_per_second > 0.0) epochs.push_back(p.epoch);
   }
@@ -101,6 +110,7 @@ ProgressTracker::ProgressTracker(DhtNode& dht, Options o, int64_t epoch) : dht_(
   PT_CHECK(o_.expiration >= 11.0, "progress expiration ", o_.expiration, " s (OpenDHT needs >= 11 s)");
   local_.epoch = epoch;
   local_.client_mode = o_.client_mode;
+  local_.auxiliary = o_.auxiliary;
   local_.time = unix_seconds();
   global_ = aggregate_progress({}, local_, o_.target_batch_size, local_.time);
   thread_ = std::thread([this] { loop(); });

@@ -1,7 +1,9 @@
 // The swarm's progress toward each global batch (hivemind's ProgressTracker), no torch.
 //
-// Every peer publishes {epoch, samples_accumulated, samples_per_second, time, client_mode}
-// under `{run_id}_progress` (one record per peer, replaced on each publish). From all of them:
+// Every peer publishes {epoch, samples_accumulated, samples_per_second, time, client_mode,
+// samples_in_flight, auxiliary} under `{run_id}_progress` (one record per peer, replaced on each
+// publish). An auxiliary peer's record (it trains nothing) only says that it will join the
+// rounds of its epoch: it counts in none of the numbers below. From all the others:
 //  - the global epoch is vouched for, not claimed: the highest epoch that enough of the other
 //    trainers (non-client peers that have trained: samples_per_second > 0) have reached, and
 //    at least our own. Enough = epoch_vouchers(m) of the m such peers: all of them up to 2,
@@ -40,6 +42,9 @@ struct PeerProgress {
   /// Samples of the micro-batch being computed now (announced before it starts, so that the
   /// swarm stops at its target instead of overshooting by a micro-batch per peer).
   int64_t samples_in_flight = 0;
+  /// An auxiliary peer (--assist_in_averaging): trains nothing, joins each round of `epoch`
+  /// to reduce a share of it; no sample, peer count, epoch vote or throughput counts it.
+  bool auxiliary = false;
   std::string peer_id;  ///< the record's owner (not encoded: the signature says who)
 };
 
@@ -58,8 +63,9 @@ struct GlobalProgress {
   int64_t samples_accumulated = 0;
   int64_t samples_reserved = 0;  ///< accumulated plus in flight, at the global epoch
   int64_t target_batch_size = 0;
-  int num_peers = 0;    ///< peers with a live record (this one included)
+  int num_peers = 0;    ///< peers with a live record (this one included), auxiliary peers not
   int num_clients = 0;
+  int num_auxiliary = 0;  ///< auxiliary peers with a live record (this one included)
   double eta_next_epoch = 0.0;  ///< Unix seconds
   double samples_per_second = 0.0;  ///< the swarm's throughput: every live record's, this peer's included
   double next_fetch_time = 0.0;
@@ -88,6 +94,7 @@ class ProgressTracker {
     bool client_mode = false;
     double expiration = 60.0;  ///< seconds a record stays valid (>= 11)
     double min_publish_interval = 0.0;
+    bool auxiliary = false;  ///< this peer's record says it is an auxiliary peer
   };
   ProgressTracker(DhtNode& dht, Options o, int64_t epoch);
   ~ProgressTracker();  ///< stops the thread (bounded)

@@ -517,6 +517,18 @@ TrainResult Trainer::train(std::shared_ptr<torch::nn::Module> model, const Batch
   }
   const auto& opts = cfg_.trainer;
   TrainResult result;
+  if (backend_->assists_only()) {
+    // An auxiliary peer (hivemind.assist_in_averaging): the model only gave the shapes of what
+    // the swarm averages. It trains, evaluates and saves nothing (its weights are never
+    // updated), and ends with the swarm's last step.
+    step_ = backend_->assist(step_, total_steps_);
+    metrics_->finish();
+    result.steps = step_;
+    result.best_eval_loss = best_eval_loss_;
+    result.experiment_dir = experiment_dir_;
+    result.save_dir = save_dir_;
+    return result;
+  }
   while (step_ < total_steps_) {
     const auto t0 = Clock::now();
     const StepRequest request{schedule_->lr(applied_), schedule_->momentum(applied_), scaler_ ? scaler_->scale() : 1.0};

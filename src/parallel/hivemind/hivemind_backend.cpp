@@ -160,6 +160,10 @@ void HivemindBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Co
     // peers do when libp2p finds them unreachable.
     std::string refused_by;
     if (!reachable_by_others(*dht_, h_, address_, &refused_by)) {
+      // An auxiliary peer that nobody can reach has nothing to offer.
+      PT_INPUT_CHECK(!h_.assist_in_averaging, "hivemind.assist_in_averaging: no peer could open a stream to this "
+                     "peer's averaging address ", address_, " (asked: ", refused_by, "); an auxiliary peer must accept "
+                     "connections (--announce an address others can reach)");
       std::fprintf(stderr, "hivemind: no peer could open a stream to this peer's averaging address %s (asked: %s): "
                    "taking part in client mode (no inbound connections; pass --client_mode to skip this check, or "
                    "--announce an address others can reach)\n", address_.c_str(), refused_by.c_str());
@@ -168,7 +172,8 @@ void HivemindBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Co
       address_.clear();
     }
   }
-  if (!h_.client_mode) {
+  // An auxiliary peer never serves a state: its weights are not the swarm's.
+  if (!h_.client_mode && !h_.assist_in_averaging) {
     donor_ = std::make_unique<hm::StateDonor>(dht_.get(), *router_, h_.run_id + "_state", address_,
                                               ms(h_.metadata_expiration));
     donor_->set_provider([this] {
@@ -182,14 +187,17 @@ void HivemindBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Co
   // example hands its optimizer target_batch_size - batch_size_lead).
   tracker_ = std::make_unique<hm::ProgressTracker>(
       *dht_, hm::ProgressTracker::Options{h_.run_id + "_progress", h_.target_batch_size - h_.batch_size_lead,
-                                          h_.client_mode, h_.metadata_expiration, 0.0},
+                                          h_.client_mode, h_.metadata_expiration, 0.0, h_.assist_in_averaging},
       epoch_);
   tracker_->publish_now();
   metrics_ = std::make_unique<hm::MetricsPublisher>(*dht_, h_.run_id + "_metrics", ms(h_.metadata_expiration));
-  std::printf("hivemind: peer %s of run '%s' on %s (DHT, UDP)%s%s; others join with --initial_peers %s\n",
-              short_id(peer_id()).c_str(), h_.run_id.c_str(), dht_->address().c_str(),
-              h_.client_mode ? ", client mode (no inbound connections)" : ", averaging on ",
+  std::printf("hivemind: %speer %s of run '%s' on %s (DHT, UDP)%s%s; others join with --initial_peers %s\n",
+              h_.assist_in_averaging ? "auxiliary " : "", short_id(peer_id()).c_str(), h_.run_id.c_str(),
+              dht_->address().c_str(), h_.client_mode ? ", client mode (no inbound connections)" : ", averaging on ",
               h_.client_mode ? "" : (address_ + " (TCP)").c_str(), dht_->address().c_str());
+  if (h_.assist_in_averaging)
+    std::printf("hivemind: assist_in_averaging: this peer trains nothing; it joins every averaging round to reduce a "
+                "share of it (bandwidth %g) and adds nothing to the averages\n", h_.bandwidth);
   if (h_.batch_size_lead > 0)
     std::printf("hivemind: batch_size_lead %lld: this peer steps once the swarm has %lld samples (target_batch_size %lld "
                 "less the lead)\n", static_cast<long long>(h_.batch_size_lead),
@@ -197,7 +205,7 @@ void HivemindBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Co
                 static_cast<long long>(h_.target_batch_size));
   std::fflush(stdout);
 
-  if (h_.expected_peers > 1) {
+  if (h_.expected_peers > 1 && !h_.assist_in_averaging) {
     // Reproducible runs: every expected peer is present before the first global step.
     const auto deadline = std::chrono::steady_clock::now() + ms(h_.averaging_timeout);
     size_t seen = 0;
@@ -205,7 +213,7 @@ void HivemindBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Co
       const auto g = tracker_->global(true);
       known_peers_.clear();
       for (const auto& p : g.others)
-        if (!p.client_mode) known_peers_.insert(p.peer_id);
+        if (!p.client_mode && !p.auxiliary) known_peers_.insert(p.peer_id);
       seen = known_peers_.size() + (h_.client_mode ? 0 : 1);
       if (static_cast<int64_t>(seen) >= h_.expected_peers || std::chrono::steady_clock::now() >= deadline) break;
       std::this_thread::sleep_for(milliseconds(20));
@@ -353,6 +361,11 @@ int64_t HivemindBackend::catch_up(int64_t step) {
   tracker_->update_epoch(epoch_);
   const auto g = tracker_->global(true);
   report_unvouched(g);
+  if (h_.assist_in_averaging) {  // it holds no state worth loading: it follows the swarm's epoch
+    epoch_ = std::max(epoch_, g.epoch);
+    tracker_->update_epoch(epoch_);
+    return epoch_;
+  }
   if (g.epoch > epoch_) reload_from_peers(step == 0 ? "joining a swarm at epoch " + std::to_string(g.epoch)
                                                      : "resumed at epoch " + std::to_string(step) +
                                                            ", the swarm is at " + std::to_string(g.epoch));
@@ -426,15 +439,8 @@ size_t HivemindBackend::average_flat(std::vector<at::Tensor> tensors, bool grads
     else dst.zero_();
     off += t.numel();
   }
-  hm::AllReduceOptions o;
-  o.compression = hm::parse_compression(h_.compression);
-  const auto left = std::chrono::duration_cast<milliseconds>(round_end - std::chrono::steady_clock::now());
-  o.allreduce_timeout = std::max(milliseconds(1), std::min(ms(h_.allreduce_timeout > 0 ? h_.allreduce_timeout : h_.averaging_timeout), left));
-  o.next_chunk_timeout = ms(h_.next_chunk_timeout);
-  // A member's samples in one global step stay below twice the swarm's target (the target plus
-  // what was in flight); a parameter round weighs every member 1.
-  o.max_weight = grads ? 2.0 * static_cast<double>(h_.target_batch_size) : 1.0;
-  const auto report = averager_->allreduce(group, flat_.data_ptr<float>(), static_cast<size_t>(off), weight, o);
+  const auto report =
+      averager_->allreduce(group, flat_.data_ptr<float>(), static_cast<size_t>(off), weight, allreduce_options(grads, round_end));
   sent_bytes_ += static_cast<int64_t>(report.bytes_sent);
   received_bytes_ += static_cast<int64_t>(report.bytes_received);
   off = 0;
@@ -450,7 +456,23 @@ size_t HivemindBackend::average_flat(std::vector<at::Tensor> tensors, bool grads
   std::set<std::string> failed(report.failed_reducers.begin(), report.failed_reducers.end());
   failed.insert(report.excluded_senders.begin(), report.excluded_senders.end());
   failed.insert(report.rejected_senders.begin(), report.rejected_senders.end());
-  return group.members.size() - std::min(failed.size(), group.members.size() - 1);
+  // The members whose contributions went in: auxiliary peers have none.
+  size_t members = 0, members_failed = 0;
+  for (const auto& m : group.members)
+    if (!m.auxiliary) ++members, members_failed += failed.count(m.peer_id);
+  return members - std::min(members_failed, members - 1);
+}
+
+hm::AllReduceOptions HivemindBackend::allreduce_options(bool grads, std::chrono::steady_clock::time_point round_end) const {
+  hm::AllReduceOptions o;
+  o.compression = hm::parse_compression(h_.compression);
+  const auto left = std::chrono::duration_cast<milliseconds>(round_end - std::chrono::steady_clock::now());
+  o.allreduce_timeout = std::max(milliseconds(1), std::min(ms(h_.allreduce_timeout > 0 ? h_.allreduce_timeout : h_.averaging_timeout), left));
+  o.next_chunk_timeout = ms(h_.next_chunk_timeout);
+  // A member's samples in one global step stay below twice the swarm's target (the target plus
+  // what was in flight); a parameter round weighs every member 1.
+  o.max_weight = grads ? 2.0 * static_cast<double>(h_.target_batch_size) : 1.0;
+  return o;
 }
 
 void HivemindBackend::finish_update() {
@@ -542,7 +564,7 @@ bool HivemindBackend::rejoin_if_alone(const StepRound& round, StepResult* r) {
   const auto g = tracker_->global_by(round.deadline);
   bool others_here = false;
   for (const auto& p : g.others)
-    if (!p.client_mode && p.epoch == round.epoch) others_here = true;
+    if (!p.client_mode && !p.auxiliary && p.epoch == round.epoch) others_here = true;
   return g.epoch > round.epoch && !others_here && rejoin(round, r);
 }
 
@@ -556,12 +578,14 @@ void HivemindBackend::find_gradient_group(StepRound& round) {
   mo.min_group_size = static_cast<size_t>(h_.min_group_size);
   mo.target_group_size = static_cast<size_t>(h_.target_group_size);
   mo.bandwidth = h_.bandwidth;
-  // The leader starts as soon as every peer that announced samples for this epoch joined.
+  mo.auxiliary = h_.assist_in_averaging;
+  // The leader starts as soon as every peer that announced samples for this epoch joined, and
+  // every auxiliary peer at this epoch (it announces no samples, but joins each round).
   auto expected = [this, round_epoch, deadline]() -> size_t {
     const auto g = tracker_->global_by(deadline);
     size_t n = 1;
     for (const auto& p : g.others)
-      if (p.epoch == round_epoch && p.samples_accumulated + p.samples_in_flight > 0) ++n;
+      if (p.epoch == round_epoch && (p.auxiliary || p.samples_accumulated + p.samples_in_flight > 0)) ++n;
     return n;
   };
   // Others at this epoch may be dead peers whose records have not expired yet: once a
@@ -599,7 +623,8 @@ size_t HivemindBackend::average_gradients(const StepRound& round) {
       std::fflush(stdout);
     }
     for (size_t i = 0; i < group->members.size(); ++i) {
-      if (i != group->self && !group->members[i].address.empty()) known_peers_.insert(group->members[i].peer_id);
+      if (i != group->self && !group->members[i].address.empty() && !group->members[i].auxiliary)
+        known_peers_.insert(group->members[i].peer_id);
       late.erase(group->members[i].peer_id);
     }
     known_peers_.insert(late.begin(), late.end());
@@ -703,6 +728,99 @@ void HivemindBackend::post_metrics(const StepRequest& request, const StepRound& 
   sm.samples_per_second = tracker_->samples_per_second();
   sm.mini_steps = mini_steps_;
   if (std::isfinite(sm.loss)) metrics_->post(sm);
+}
+
+bool HivemindBackend::assist_round(const void* group_ptr, size_t n, bool grads,
+                                   std::chrono::steady_clock::time_point round_end, int64_t epoch,
+                                   const std::string& what) {
+  const auto& group = *static_cast<const hm::Group*>(group_ptr);
+  // Nothing of this peer's goes in: flat_ only holds its part of the others' vectors.
+  const auto report = averager_->allreduce(group, flat_.data_ptr<float>(), n, 0.0, allreduce_options(grads, round_end));
+  sent_bytes_ += static_cast<int64_t>(report.bytes_sent);
+  received_bytes_ += static_cast<int64_t>(report.bytes_received);
+  const std::string warning = report.warning();
+  if (!warning.empty())
+    std::fprintf(stderr, "hivemind: epoch %lld %s: %s\n", static_cast<long long>(epoch), what.c_str(), warning.c_str());
+  size_t trainers = 0;
+  for (const auto& m : group.members) trainers += !m.auxiliary;
+  std::printf("hivemind: assisted in averaging epoch %lld's %s: reduced %.1f%% of them (%zu of %zu values) from %zu of "
+              "%zu peers in %.2f s\n",
+              static_cast<long long>(epoch), what.c_str(), n ? 100.0 * static_cast<double>(report.part_elements) / n : 0.0,
+              report.part_elements, n, report.part_senders, trainers, report.seconds);
+  std::fflush(stdout);
+  return report.part_senders > 0;
+}
+
+int64_t HivemindBackend::assist(int64_t step, int64_t until) {
+  // hivemind's auxiliary Optimizer.step(), in a loop: wait until the swarm is ready to end the
+  // epoch (as its trainers decide: the target reached, its ETA passed or a peer already past
+  // it), take part in the epoch's gradient round and its state round, then follow the swarm
+  // into the next epoch (max(epoch + 1, the swarm's), hivemind's rule; a round it missed is
+  // left behind as soon as the swarm moves past it).
+  PT_CHECK(h_.assist_in_averaging, "assist() on a trainer peer");
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    epoch_ = std::max(epoch_, step);
+  }
+  tracker_->update_epoch(epoch_);
+  int64_t n = 0;
+  for (const auto& p : params_) n += p.numel();
+  const size_t copies = 1 + h_.average_opt_statistics.size();
+  int64_t rounds = 0, assisted = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (until <= 0 || epoch_ < until) {
+    const auto g = tracker_->global(true);
+    if (g.epoch > epoch_) {  // the swarm moved on (a round this peer missed, or it just started)
+      epoch_ = g.epoch;
+      tracker_->update_epoch(epoch_);
+      continue;
+    }
+    // A swarm with no throughput yet has no ETA: the target or a later epoch decides.
+    const bool ready = hm::ready_to_update_epoch(g, epoch_, hm::unix_seconds()) &&
+                       (g.samples_per_second > 0 || std::max(g.samples_accumulated, g.samples_reserved) >= g.target_batch_size);
+    if (!ready) {
+      std::this_thread::sleep_for(milliseconds(50));
+      continue;
+    }
+    StepRound round;
+    round.deadline = std::chrono::steady_clock::now() + ms(h_.averaging_timeout);
+    round.epoch = epoch_;
+    find_gradient_group(round);
+    bool trainers = false;
+    if (round.group)
+      for (const auto& m : round.group->members) trainers = trainers || !m.auxiliary;
+    if (!trainers) {
+      // The round may still be ahead (an ETA that passed early): try again until the swarm
+      // moves past this epoch.
+      if (!round.moved_on)
+        std::fprintf(stderr, "hivemind: epoch %lld: no averaging group to assist within %d s\n",
+                     static_cast<long long>(round.epoch), static_cast<int>(h_.averaging_timeout));
+      const auto now_g = tracker_->global(true);
+      if (now_g.epoch > epoch_) epoch_ = now_g.epoch, tracker_->update_epoch(epoch_);
+      continue;
+    }
+    ++rounds;
+    const bool helped = assist_round(&*round.group, static_cast<size_t>(n), /*grads=*/true, round.deadline, round.epoch,
+                                     "gradients");
+    assisted += helped;
+    plan_state_round(round);
+    if (round.state) {
+      std::string what = "parameters";
+      for (const auto& name : h_.average_opt_statistics) what += ", " + name;
+      // The trainers start it after their update (or in the background with
+      // delay_optimizer_step, with an averaging_timeout of its own).
+      assist_round(&*round.state, static_cast<size_t>(n) * copies, /*grads=*/false,
+                   std::chrono::steady_clock::now() + ms(h_.averaging_timeout), round.epoch, what);
+    }
+    sent_bytes_ = 0, received_bytes_ = 0;
+    epoch_ = std::max(round.epoch + 1, tracker_->global(false).epoch);
+    tracker_->update_epoch(epoch_);
+  }
+  std::printf("hivemind: auxiliary peer done at epoch %lld: reduced a share of %lld of %lld rounds it joined in %.1f s\n",
+              static_cast<long long>(epoch_), static_cast<long long>(assisted), static_cast<long long>(rounds),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  std::fflush(stdout);
+  return epoch_;
 }
 
 StepResult HivemindBackend::step(const StepRequest& request, int64_t step) {

@@ -17,6 +17,14 @@
 // that starts (or resumes) behind the swarm, that finds the swarm's round for its epoch already
 // over, or that ends a step more than one epoch behind, loads the newest state from several
 // donors at once instead of stepping.
+//
+// Auxiliary peers (hivemind.assist_in_averaging: RuLeanALBERT's run_aux_peer.py, hivemind's
+// Optimizer(auxiliary=True)): a peer that trains nothing. Its model only gives the shapes of
+// what the swarm averages. It follows the swarm's epochs through the progress records, joins
+// every round (gradients, then the state round when there is one) as a member that reduces a
+// share of the vector by its bandwidth and contributes nothing (weight 0, hivemind's AUX mode),
+// so client-mode peers can average even when it is the only peer that accepts connections. It
+// publishes no samples, no metrics and no state (its weights are never the swarm's).
 #pragma once
 
 #include <atomic>
@@ -45,6 +53,7 @@ class Server;
 class StateDonor;
 class MetricsPublisher;
 struct GlobalProgress;
+struct AllReduceOptions;
 }  // namespace hivemind
 
 class HivemindBackend : public ReplicatedBackend {
@@ -63,6 +72,8 @@ class HivemindBackend : public ReplicatedBackend {
   void barrier() override {}
   void set_global_step(int64_t step) override;
   int64_t catch_up(int64_t step) override;
+  bool assists_only() const override { return h_.assist_in_averaging; }
+  int64_t assist(int64_t step, int64_t until) override;
   /// A delayed update still running is finished (and reaches the model) first.
   NamedTensors full_state(torch::nn::Module& model) override;
   void save_shard(torch::serialize::OutputArchive& archive) override;
@@ -89,6 +100,12 @@ class HivemindBackend : public ReplicatedBackend {
   /// Returns the members whose contributions it averaged in full (this peer included).
   size_t average_flat(std::vector<at::Tensor> tensors, bool grads, const void* group, double weight,
                     std::chrono::steady_clock::time_point round_end, int64_t epoch, const std::string& what);
+  /// Timeouts and bounds of a gradient (`grads`) or state round ending by `round_end`.
+  hivemind::AllReduceOptions allreduce_options(bool grads, std::chrono::steady_clock::time_point round_end) const;
+  /// An auxiliary peer's share of one round: reduces its part of `n` elements (nothing of its
+  /// own goes in) and says so in one line; false when it reduced nothing.
+  bool assist_round(const void* group, size_t n, bool grads, std::chrono::steady_clock::time_point round_end,
+                    int64_t epoch, const std::string& what);
   /// The state round: the parameters the optimizer steps (the offloaded copy with
   /// offload_optimizer) and the average_opt_statistics of each, ending by `round_end`.
   void average_state(const void* group, std::chrono::steady_clock::time_point round_end, int64_t epoch);
