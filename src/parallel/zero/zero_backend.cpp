@@ -373,7 +373,8 @@ void ZeroBackend::check_optimizer(const OptimizerConfig& o) const {
   const OptimizerEntry& opt = optimizer_entry(o.type);
   PT_INPUT_CHECK(opt.shardable, "optimizer.type '", o.type, "' cannot be sharded by env_type ", name_,
                  " (ZeRO partitions optimizer state by element; ", opt.not_shardable_because,
-                 "): use Adam/AdamW, or zero_optimization.stage 0 / env_type pytorchDDP");
+                 "; at every stage, 0 included): use Adam/AdamW, or env_type pytorchDDP (the same data "
+                 "parallelism over whole parameters)");
   PT_INPUT_CHECK(!o.amsgrad, "optimizer.params.amsgrad is not supported by env_type deepspeed");
   PT_INPUT_CHECK(o.lr >= 0, "optimizer.params.lr must be >= 0, got ", o.lr);
   PT_INPUT_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1,
