@@ -169,7 +169,9 @@ void Optimizer::set_statistic(const at::Tensor& param, const std::string& name, 
   PT_CHECK(s.defined(), this->name(), ": statistic '", name, "' set before the parameter's first update");
   PT_CHECK(s.sizes() == value.sizes(), this->name(), ": statistic '", name, "' of shape ", s.sizes(), " set to ",
            value.sizes());
-  if (!s.is_same(value)) {
+  // Nothing to do when `value` is that storage (the tensor statistic() gave, or a view of it
+  // over the same elements).
+  if (!s.is_same(value) && !(s.data_ptr() == value.data_ptr() && s.strides() == value.strides())) {
     torch::NoGradGuard no_grad;
     s.copy_(value);
   }

@@ -101,8 +101,9 @@ QuantizedMoments read_saved(const std::map<std::string, at::Tensor>& saved, int6
     const at::Tensor c = codes.reshape({-1}).to(at::kCPU);
     // Codes may have travelled as another dtype (the universal layout keeps them as uint8); any
     // value must be a whole number in [0, 255].
-    PT_INPUT_CHECK(c.numel() == 0 || (c.to(at::kDouble).min().item<double>() >= 0 && c.to(at::kDouble).max().item<double>() <= 255 &&
-                                      torch::equal(c.to(at::kDouble), c.to(at::kDouble).round())),
+    const at::Tensor cd = c.to(at::kDouble);  // one conversion for the three checks
+    PT_INPUT_CHECK(c.numel() == 0 || (cd.min().item<double>() >= 0 && cd.max().item<double>() <= 255 &&
+                                      torch::equal(cd, cd.round())),
                    what, ": '", k.codes, "' holds values outside the codes 0..255");
     (k.stat == std::string("exp_avg") ? q.exp_avg : q.exp_avg_sq).copy_(c.to(at::kByte));
     const at::Tensor a = absmax.reshape({-1}).to(at::kCPU, at::kFloat);
@@ -262,11 +263,7 @@ class Optimizer8bit final : public Optimizer {
     PT_CHECK(s != nullptr && s->has_state(), name_, ": statistic '", name, "' set before the first update");
     PT_CHECK(value.sizes() == s->param.sizes(), name_, ": statistic '", name, "' of '", s->name, "' set to shape ",
              value.sizes());
-    if (s->full) {
-      at::Tensor& dst = name == "exp_avg" ? s->m32 : s->v32;
-      if (!value.is_same(dst)) dst.copy_(value.reshape({-1}));
-      return;
-    }
+    if (s->full) return Optimizer::set_statistic(param, name, value);  // statistic() is the storage
     s->state.assign(name, value);
   }
 
