@@ -48,10 +48,12 @@ int tokenize_main(int argc, char** argv) {
     auto sp = std::make_shared<polytrain::SentencePieceTokenizer>(polytrain::SentencePieceTokenizer::load(model_path));
     encode = [sp, add_special_tokens](const std::string& line) { return sp->encode(line, add_special_tokens); };
   } else if (type == "bpe") {
-    auto bpe = std::make_shared<polytrain::Gpt2BpeTokenizer>(polytrain::Gpt2BpeTokenizer::from_files(vocab_path, merges_path));
+    auto bpe = std::make_shared<polytrain::Gpt2BpeTokenizer>(
+        polytrain::Gpt2BpeTokenizer::from_files(vocab_path, merges_path, "--vocab"));
     encode = [bpe](const std::string& line) { return bpe->encode(line); };
   } else {
-    auto wp = std::make_shared<polytrain::WordPieceTokenizer>(polytrain::WordPieceTokenizer::from_vocab_file(vocab_path));
+    auto wp = std::make_shared<polytrain::WordPieceTokenizer>(
+        polytrain::WordPieceTokenizer::from_vocab_file(vocab_path, "--vocab"));
     encode = [wp, add_special_tokens](const std::string& line) { return wp->encode(line, add_special_tokens); };
   }
   std::ios::sync_with_stdio(false);

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "polytrain/common/error.h"
+#include "polytrain/data/tokenizer_file.h"
 #include "polytrain/data/utf8.h"
 
 #if POLYTRAIN_WITH_PCRE2
@@ -44,6 +45,23 @@ std::string read_file(const std::string& path, const char* what) {
   std::ostringstream s;
   s << f.rdbuf();
   return s.str();
+}
+
+constexpr const char* kNeedsEncoder =
+    "train_gpt2 needs GPT-2's encoder.json (a JSON object of token -> id), with vocab.bpe beside it or --merges";
+
+// A file of another tokenizer is named as such before its parser trips over it.
+void check_file_kinds(const std::string& encoder_json, const std::string& merges_bpe, std::string_view key) {
+  using K = TokenizerFileKind;
+  const std::string enc = refused_tokenizer_file(
+      encoder_json, {K::kEmpty, K::kSentencePieceModel, K::kBinary, K::kWordPieceVocab, K::kBpeMerges,
+                     K::kSentencePieceVocab, K::kPlainText});
+  PT_INPUT_CHECK(enc.empty(), key, " '", encoder_json, "' is ", enc, "; ", kNeedsEncoder);
+  // Plain text and an empty file pass: the line parser names the line, or says "no merges".
+  const std::string merges = refused_tokenizer_file(
+      merges_bpe, {K::kJson, K::kSentencePieceModel, K::kBinary, K::kWordPieceVocab, K::kSentencePieceVocab});
+  PT_INPUT_CHECK(merges.empty(), "merges file '", merges_bpe, "' is ", merges,
+                 "; train_gpt2 needs GPT-2's vocab.bpe (two tokens per line) beside ", key, ", or --merges");
 }
 
 #if POLYTRAIN_WITH_PCRE2
@@ -89,7 +107,9 @@ std::vector<std::string> Gpt2BpeTokenizer::pretokenize(std::string_view raw) {
 #endif
 }
 
-Gpt2BpeTokenizer Gpt2BpeTokenizer::from_files(const std::string& encoder_json, const std::string& merges_bpe) {
+Gpt2BpeTokenizer Gpt2BpeTokenizer::from_files(const std::string& encoder_json, const std::string& merges_bpe,
+                                              std::string_view key) {
+  check_file_kinds(encoder_json, merges_bpe, key);
   Gpt2BpeTokenizer t;
   const auto b2u = byte_to_unicode();
   std::unordered_map<char32_t, int> u2b;
@@ -102,6 +122,9 @@ Gpt2BpeTokenizer Gpt2BpeTokenizer::from_files(const std::string& encoder_json, c
     throw InputError(cat(encoder_json, ": not valid JSON: ", e.what()));
   }
   PT_INPUT_CHECK(enc.is_object() && !enc.empty(), encoder_json, ": expected a JSON object of token -> id");
+  PT_INPUT_CHECK(!enc.contains("model") || !enc["model"].is_object(), key, " '", encoder_json,
+                 "' is a Hugging Face tokenizer.json; ", kNeedsEncoder, " (vocab.json and merges.txt in a Hugging Face "
+                 "gpt2 folder)");
   std::unordered_map<std::string, int64_t> ids;
   t.tokens_.assign(enc.size(), std::string());
   std::vector<bool> seen(enc.size(), false);

@@ -20,8 +20,11 @@ namespace polytrain {
 class Gpt2BpeTokenizer {
  public:
   /// InputError naming the file (and line of vocab.bpe) when either is missing or malformed,
-  /// or when a merge yields a token encoder.json lacks.
-  static Gpt2BpeTokenizer from_files(const std::string& encoder_json, const std::string& merges_bpe);
+  /// or when a merge yields a token encoder.json lacks; a file of another tokenizer (a BERT
+  /// vocab.txt, a SentencePiece model) is named as such, with `key` (the setting that named
+  /// encoder_json) in the message.
+  static Gpt2BpeTokenizer from_files(const std::string& encoder_json, const std::string& merges_bpe,
+                                     std::string_view key = "data.vocab_file");
   /// False when this build has no PCRE2 (encode() then throws InputError saying so).
   static bool available();
 

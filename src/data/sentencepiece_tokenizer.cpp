@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "polytrain/common/error.h"
+#include "polytrain/data/tokenizer_file.h"
 
 #if POLYTRAIN_WITH_SENTENCEPIECE
 #include <dlfcn.h>
@@ -109,6 +110,13 @@ SentencePieceTokenizer SentencePieceTokenizer::load(const std::string& model_pat
   std::error_code ec;
   PT_INPUT_CHECK(std::filesystem::is_regular_file(model_path, ec), "SentencePiece model '", model_path,
                  "' does not exist or is not a file");
+  using K = TokenizerFileKind;
+  // libsentencepiece says only "ParseFromArray failed" of a text file.
+  const std::string other = refused_tokenizer_file(model_path, {K::kEmpty, K::kJson, K::kWordPieceVocab, K::kBpeMerges,
+                                                                K::kSentencePieceVocab, K::kPlainText});
+  PT_INPUT_CHECK(other.empty(), "SentencePiece model '", model_path, "' cannot be loaded: it is ", other,
+                 "; train_t5 needs a SentencePiece .model (binary, like t5-small's spiece.model) as --spm_model "
+                 "or data.vocab_file");
   PT_INPUT_CHECK(extra_ids >= 0, "SentencePiece: extra_ids must be >= 0, got ", extra_ids);
   auto impl = std::make_shared<Impl>();
   impl->mod = &mod;

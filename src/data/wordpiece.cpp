@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "polytrain/common/error.h"
+#include "polytrain/data/tokenizer_file.h"
 #include "polytrain/data/unicode_tables.h"
 #include "polytrain/data/utf8.h"
 
@@ -58,9 +59,16 @@ bool is_utf8_continuation_byte(char b) { return (static_cast<unsigned char>(b) &
 
 }  // namespace
 
-WordPieceTokenizer WordPieceTokenizer::from_vocab_file(const std::string& path) {
+WordPieceTokenizer WordPieceTokenizer::from_vocab_file(const std::string& path, std::string_view key) {
+  using K = TokenizerFileKind;
+  // Read line by line, another tokenizer's file would fail late and vaguely ("no [UNK]").
+  const std::string other = refused_tokenizer_file(
+      path, {K::kJson, K::kSentencePieceModel, K::kBinary, K::kBpeMerges, K::kSentencePieceVocab, K::kPlainText});
+  PT_INPUT_CHECK(other.empty(), key, " '", path, "' is ", other,
+                 "; train_bert and train_albert need a WordPiece vocab.txt (one token per line, like "
+                 "bert-base-uncased's)");
   std::ifstream in(path, std::ios::binary);
-  PT_INPUT_CHECK(in, "cannot open vocab file '", path, "'");
+  PT_INPUT_CHECK(in, key, " '", path, "' cannot be read (a WordPiece vocab.txt)");
   std::vector<std::string> vocab;
   std::unordered_map<std::string, size_t> first_line;
   std::string line;

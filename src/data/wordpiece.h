@@ -26,8 +26,10 @@ class WordPieceTokenizer {
   static constexpr size_t kMaxInputCharsPerWord = 100;
 
   /// Reads a vocab.txt. InputError naming the file when it is missing or empty, or has an
-  /// empty or duplicate token (with its line number), or lacks [UNK].
-  static WordPieceTokenizer from_vocab_file(const std::string& path);
+  /// empty or duplicate token (with its line number), or lacks [UNK]; a file of another
+  /// tokenizer (GPT-2's encoder.json, a SentencePiece model) is named as such, with `key` (the
+  /// setting that named the file) in the message.
+  static WordPieceTokenizer from_vocab_file(const std::string& path, std::string_view key = "data.vocab_file");
 
   /// vocab[i] is the token of id i. InputError on an empty vocab, an empty or duplicate
   /// token, or no [UNK].

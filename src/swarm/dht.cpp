@@ -6,8 +6,12 @@
 #include <opendht/network_utils.h>
 #include <opendht/securedht.h>
 
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cctype>
+#include <cerrno>
 #include <future>
 #include <map>
 #include <mutex>
@@ -16,6 +20,7 @@
 #include "polytrain/common/crc32c.h"
 #include "polytrain/common/error.h"
 #include "polytrain/swarm/msgpack_fields.h"
+#include "polytrain/swarm/wire.h"
 
 namespace polytrain::hivemind {
 namespace {
@@ -110,6 +115,22 @@ class FilteringSocket : public dht::net::DatagramSocket {
   std::unique_ptr<dht::net::UdpSocket> inner_;
   std::function<void()> on_drop_;
 };
+
+// errno of binding a UDP socket to `addr` as OpenDHT does (no SO_REUSEADDR), 0 when it binds:
+// OpenDHT logs the reason to a logger a swarm node has none of, and throws "Can't bind socket".
+int udp_bind_errno(const dht::SockAddr& addr) {
+  const int fd = ::socket(addr.getFamily(), SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return errno;
+  const int err = ::bind(fd, addr.get(), addr.getLength()) == 0 ? 0 : errno;
+  ::close(fd);
+  return err;
+}
+
+[[noreturn]] void throw_dht_bind_error(const std::string& listen, const dht::SockAddr& addr, const std::string& why) {
+  const int err = udp_bind_errno(addr);
+  if (err == 0) throw InputError("hivemind.listen '" + listen + "': cannot bind the DHT socket: " + why);
+  throw listen_error("hivemind.listen", listen, err, "UDP port " + std::to_string(addr.getPort()) + ", the DHT's");
+}
 
 }  // namespace
 
@@ -245,10 +266,10 @@ DhtNode::DhtNode(const DhtOptions& options, std::shared_ptr<const Identity> iden
                                                      [impl] { impl->rejected.add(Reject::kSchema); });
     impl_->runner.run(config, std::move(context));
   } catch (const std::exception& e) {
-    throw InputError("hivemind.listen '" + options.listen + "': cannot bind the DHT socket: " + e.what());
+    throw_dht_bind_error(options.listen, config.bind4, e.what());
   }
-  PT_INPUT_CHECK(impl_->runner.getBoundPort(AF_INET) != 0, "hivemind.listen '", options.listen,
-                 "': cannot bind the DHT socket (address in use or not local)");
+  if (impl_->runner.getBoundPort(AF_INET) == 0)
+    throw_dht_bind_error(options.listen, config.bind4, "no port was bound");
   impl_->register_types();
   if (options.initial_peers.empty()) return;
   // Join: ping every initial peer; one answer is enough.

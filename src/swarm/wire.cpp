@@ -4,6 +4,7 @@
 
 #include <array>
 #include <asio.hpp>
+#include <cerrno>
 #include <cstring>
 
 #include "polytrain/common/error.h"
@@ -249,6 +250,17 @@ struct Server::Impl {
   }
 };
 
+InputError listen_error(const std::string& what, const std::string& listen, int err, const std::string& port_role) {
+  const std::string flag = "--" + what.substr(what.rfind('.') + 1);  // hivemind.listen -> --listen
+  if (err == EADDRINUSE)
+    return InputError(what + " " + listen + ": address in use; choose another port with " + flag +
+                      " (another process holds " + port_role + ")");
+  if (err == EADDRNOTAVAIL)
+    return InputError(what + " " + listen + ": not an address of this host; give " + flag +
+                      " one of its addresses, or 0.0.0.0 for all");
+  return InputError(what + " '" + listen + "': cannot listen: " + std::strerror(err));
+}
+
 Server::Server(const std::string& listen, Handler handler, const std::string& what, size_t max_connections)
     : impl_(std::make_unique<Impl>()) {
   impl_->handler = std::move(handler);
@@ -262,7 +274,7 @@ Server::Server(const std::string& listen, Handler handler, const std::string& wh
   if (!ec) impl_->acceptor.set_option(asio::ip::tcp::acceptor::reuse_address(true), ec);
   if (!ec) impl_->acceptor.bind(ep, ec);
   if (!ec) impl_->acceptor.listen(asio::socket_base::max_listen_connections, ec);
-  PT_INPUT_CHECK(!ec, what, " '", listen, "': cannot listen: ", ec.message());
+  if (ec) throw listen_error(what, listen, ec.value(), "TCP port " + std::to_string(port) + ", for averaging streams");
   impl_->port = impl_->acceptor.local_endpoint().port();
   impl_->host = host == "0.0.0.0" ? "127.0.0.1" : host;
   impl_->accept_next();

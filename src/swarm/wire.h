@@ -15,6 +15,8 @@
 #include <string_view>
 #include <thread>
 
+#include "polytrain/common/error.h"
+
 namespace polytrain::hivemind {
 
 using Clock = std::chrono::steady_clock;
@@ -70,6 +72,11 @@ class Connection {
   std::unique_ptr<Impl> impl_;
   uint64_t sent_ = 0, received_ = 0;
 };
+
+/// The error of a listening socket that could not bind `listen` (named by the key `what`) for
+/// errno `err`: a port in use names the flag that changes it; `port_role` says which socket
+/// ("TCP port 5000, for averaging streams").
+InputError listen_error(const std::string& what, const std::string& listen, int err, const std::string& port_role);
 
 /// A TCP listener: each accepted stream is handed to `handler` on its own thread (at most
 /// max_connections at once; more are closed at once).

@@ -1,15 +1,102 @@
+// The c10d rendezvous (TCPStore) and the split of a communicator. libtorch 1.13's TCPStore
+// cannot bind MASTER_ADDR: TCPStoreOptions has no address for the server, whose
+// Socket::listen(port) binds [::] (dual stack) or else 0.0.0.0 (c10d/socket.h). So rank 0
+// checks MASTER_ADDR:MASTER_PORT itself, to name a port in use before the store tries all.
 #include "polytrain/parallel/comm/rendezvous.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <mutex>
 #include <utility>
 #include <vector>
 
+#include <c10/util/Logging.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/torch.h>
 
 #include "polytrain/common/error.h"
 
 namespace polytrain {
+
+namespace {
+
+// errno of binding a TCP socket to host:port as c10d's listener does (SO_REUSEADDR, so a
+// closed job's TIME_WAIT connections do not count), 0 when every address binds or host does
+// not resolve (the store's own error says so). host nullptr: the wildcard addresses.
+int tcp_bind_errno(const char* host, int port) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host, std::to_string(port).c_str(), &hints, &found) != 0) return 0;
+  int err = 0;
+  for (addrinfo* a = found; a != nullptr && err == 0; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    const int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0) err = errno;
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  return err;
+}
+
+void check_port_free(const char* host, const std::string& addr, int port) {
+  PT_INPUT_CHECK(tcp_bind_errno(host, port) != EADDRINUSE, addr, ":", port,
+                 " (MASTER_ADDR:MASTER_PORT): address in use: another job holds it; pass --master_port with a free "
+                 "port");
+}
+
+// c10d logs each failed bind and connect try through glog on stderr: three lines for a busy
+// port on rank 0, one a second on the other ranks until rank 0 is up, on every rank's console.
+// Polytrain's own error line says what failed, so they are off while a store is created (c10d's
+// LOG_IF reads c10's level); TORCH_CPP_LOG_LEVEL, as in PyTorch, keeps them (on stderr, and
+// so in launch --log_dir's rank logs).
+class QuietC10dLog {
+ public:
+  QuietC10dLog() {
+    static std::once_flag once;
+    std::call_once(once, [] {
+      if (std::getenv("TORCH_CPP_LOG_LEVEL") != nullptr) c10::initLogging();  // C++ programs skip it
+    });
+    if (std::getenv("TORCH_CPP_LOG_LEVEL") != nullptr) return;
+    std::lock_guard<std::mutex> lock(mu());
+    if (depth()++ == 0) saved() = std::exchange(FLAGS_caffe2_log_level, kAboveError);
+    active_ = true;
+  }
+  ~QuietC10dLog() {
+    if (!active_) return;
+    std::lock_guard<std::mutex> lock(mu());
+    if (--depth() == 0) FLAGS_caffe2_log_level = saved();
+  }
+  QuietC10dLog(const QuietC10dLog&) = delete;
+  QuietC10dLog& operator=(const QuietC10dLog&) = delete;
+
+ private:
+  static constexpr int kAboveError = 3;  // glog's FATAL: c10d logs nothing at that level
+  // Shared by the threads that create stores at once (ranks as threads in tests).
+  static std::mutex& mu() {
+    static std::mutex m;
+    return m;
+  }
+  static int& depth() {
+    static int d = 0;
+    return d;
+  }
+  static int& saved() {
+    static int s = 0;
+    return s;
+  }
+  bool active_ = false;
+};
+
+}  // namespace
 
 SplitPlace split_place(Communicator& comm, int color, int key, const c10::Device& device) {
   const int size = comm.size();
@@ -70,9 +157,13 @@ c10::intrusive_ptr<c10d::Store> rendezvous_store(const std::string& engine, int 
   so.numWorkers = size;
   so.waitWorkers = false;
   so.timeout = timeout;
+  if (rank == 0) check_port_free(addr.c_str(), addr, port);
   try {
+    const QuietC10dLog quiet;
     return c10::make_intrusive<c10d::TCPStore>(addr, so);
   } catch (const std::exception& e) {
+    // Free on MASTER_ADDR, taken on another address of this host (the store binds them all).
+    if (rank == 0) check_port_free(nullptr, addr, port);
     throw Error(detail::cat(engine, ": rank ", rank, " of ", size, " could not ", rank == 0 ? "host" : "reach",
                             " the rendezvous at ", addr, ":", port, ": ", first_line(e)));
   }
