@@ -28,8 +28,8 @@ ln -sfn "$ROOT/src" "$OUT/include/polytrain"
 # target -> its sources and libraries (torch: the Debian libtorch the project builds against)
 # The config names its optimizers through the optimizer registry, whose entries build them (torch),
 # and checks model_parallel_size with the parallel dims' rules.
-CONFIG_SRC="src/common/config.cpp src/common/config_keys.cpp src/optim/optimizer_registry.cpp src/optim/optimizers.cpp \
-  src/optim/cpu_adam.cpp src/optim/lamb.cpp src/optim/multi_tensor_adam.cpp src/parallel/parallel_dims.cpp"
+CONFIG_SRC="src/common/config.cpp src/common/config_keys.cpp src/common/config_flagai.cpp src/common/config_paths.cpp \
+  src/optim/optimizer_registry.cpp src/optim/optimizers.cpp src/optim/cpu_adam.cpp src/optim/lamb.cpp src/optim/multi_tensor_adam.cpp src/parallel/parallel_dims.cpp"
 declare -A SOURCES=(
   [fuzz_config]="$CONFIG_SRC"
   [fuzz_hostfile]="src/launcher/hostfile.cpp"
@@ -37,8 +37,8 @@ declare -A SOURCES=(
   [fuzz_hf_config]="$CONFIG_SRC src/models/hf_config.cpp src/models/bert_config.cpp src/models/albert_config.cpp src/models/gpt2_config.cpp src/models/t5_config.cpp"
   [fuzz_safetensors]="src/checkpoint/safetensors.cpp src/common/atomic_file.cpp"
   [fuzz_checkpoint]="$CONFIG_SRC src/checkpoint/checkpoint.cpp src/checkpoint/checkpoint_marker.cpp src/checkpoint/archive_codec.cpp src/checkpoint/safetensors.cpp src/common/atomic_file.cpp src/common/crc32c.cpp src/common/fault.cpp"
-  [fuzz_wordpiece]="src/data/wordpiece.cpp src/data/utf8.cpp src/data/unicode_tables.cpp"
-  [fuzz_gpt2_bpe]="src/data/gpt2_bpe.cpp src/data/utf8.cpp src/data/unicode_tables.cpp"
+  [fuzz_wordpiece]="src/data/wordpiece.cpp src/data/tokenizer_file.cpp src/data/utf8.cpp src/data/unicode_tables.cpp"
+  [fuzz_gpt2_bpe]="src/data/gpt2_bpe.cpp src/data/tokenizer_file.cpp src/data/utf8.cpp src/data/unicode_tables.cpp"
 )
 TORCH="-isystem /usr/include/torch/csrc/api/include -ltorch -ltorch_cpu -lc10"
 declare -A LIBS=([fuzz_gpt2_bpe]="-lpcre2-8" [fuzz_safetensors]="$TORCH" [fuzz_checkpoint]="$TORCH" [fuzz_config]="$TORCH"

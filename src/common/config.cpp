@@ -15,11 +15,14 @@
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <tuple>
 #include <utility>
 
 #include "polytrain/common/config_keys.h"
+#include "polytrain/common/config_paths.h"
 #include "polytrain/common/dist_env.h"
 #include "polytrain/common/error.h"
+#include "polytrain/models/model_keys.h"
 #include "polytrain/optim/optimizer_registry.h"
 #include "polytrain/parallel/parallel_dims.h"
 
@@ -372,9 +375,11 @@ void parse_data(const json* j, ParseContext& ctx, DataConfig& d, const ModelConf
   r.at_least("eval_batches", d.eval_batches, int64_t{0});
 }
 
-void parse_trainer(const json* j, ParseContext& ctx, TrainerOptions& t) {
+// *read: every key was read (an unknown key may still follow), so the batch triple can use them.
+void parse_trainer(const json* j, ParseContext& ctx, TrainerOptions& t, bool* read) {
   ObjectReader r(j, "trainer", ctx);
   visit(r, t);
+  *read = true;
   r.finish();
   r.one_of("env_type", t.env_type, kEnvTypes);
   for (const char* key : {"epochs", "max_steps", "eval_interval", "log_interval", "save_interval",
@@ -486,8 +491,50 @@ int64_t world_size_or_env(int64_t world_size) {
   return read_dist_env().world_size;  // WORLD_SIZE, else Open MPI / PMI / Slurm, else 1
 }
 
+// The train_batch_size values nearest to `t` that `unit` divides, as "A or B" ("B" alone when A
+// would be 0).
+std::string nearest_multiples(int64_t t, int64_t unit) {
+  const int64_t lo = t / unit * unit, hi = lo + unit;
+  return lo > 0 ? cat(lo, " or ", hi) : cat(hi);
+}
+
+// A (micro, accumulation) pair whose product is `per_rank`, keeping the user's micro batch or
+// accumulation when it divides, else one micro-batch per step.
+std::pair<int64_t, int64_t> split_per_rank(int64_t per_rank, std::optional<int64_t> micro, std::optional<int64_t> accum) {
+  if (micro && per_rank % *micro == 0) return {*micro, per_rank / *micro};
+  if (accum && per_rank % *accum == 0) return {per_rank / *accum, *accum};
+  return {per_rank, 1};
+}
+
+// What to write instead, for a triple that does not fit `ws` data-parallel ranks: the global batch
+// the micro batch and accumulation give, and a micro batch and accumulation for the global batch
+// given (or the nearest global batches the ranks divide).
+std::string batch_fixes(std::optional<int64_t> t, std::optional<int64_t> m, std::optional<int64_t> g, int64_t ws,
+                        const std::string& ws_name) {
+  std::vector<std::string> ways;
+  if (m) {
+    const int64_t accum = g.value_or(1);
+    ways.push_back(cat("train_batch_size ", *m * accum * ws, " (= train_micro_batch_size_per_gpu ", *m,
+                       " x gradient_accumulation_steps ", accum, " x ", ws_name, " ", ws, ")"));
+  }
+  auto with_split = [&](int64_t total) {
+    const auto [micro, accum] = split_per_rank(total / ws, m, g);
+    return cat("train_batch_size ", total, " with train_micro_batch_size_per_gpu ", micro,
+               " and gradient_accumulation_steps ", accum);
+  };
+  if (t && *t % ws == 0) {
+    ways.push_back(with_split(*t));
+  } else if (t) {
+    const int64_t lo = *t / ws * ws;
+    if (lo > 0) ways.push_back(with_split(lo));
+    ways.push_back(with_split(lo + ws));
+  }
+  return cat("; values that work at ", ws_name, " ", ws, ": ", join(ways, ", or "));
+}
+
 // DeepSpeed's _set_batch_related_parameters + _batch_assertion. Where DeepSpeed floors a
-// derived value and then fails the assertion, the message says what does not divide.
+// derived value and then fails the assertion, the message says what does not divide, and each
+// message proposes values that work at this data-parallel size.
 void resolve(BatchConfig& out, BatchKeys k, int64_t world_size, const TrainerOptions& trainer, const ParseContext& ctx) {
   const int64_t world = world_size_or_env(world_size);
   const int64_t model_parallel = trainer.model_parallel_size;
@@ -500,9 +547,12 @@ void resolve(BatchConfig& out, BatchKeys k, int64_t world_size, const TrainerOpt
       {{kT, k.train}, {kM, k.micro}, {kG, k.accum}}};
   for (const auto& [name, v] : given)
     if (v && *v <= 0) ctx.fail(cat("'", name, "' must be > 0, got ", *v));
+  const std::string ws_name = model_parallel == 1 ? "world_size" : "data-parallel size";
+  const auto fixes = [&] { return batch_fixes(k.train, k.micro, k.accum, ws, ws_name); };
   auto derive = [&](const char* what, int64_t num, int64_t den, const std::string& den_text) {
     if (num % den != 0)
-      ctx.fail(cat("cannot derive ", what, ": train_batch_size (", num, ") is not divisible by ", den_text));
+      ctx.fail(cat("cannot derive ", what, ": train_batch_size (", num, ") is not divisible by ", den_text,
+                   "; values that work at ", ws_name, " ", ws, ": train_batch_size ", nearest_multiples(num, den)));
     return num / den;
   };
   auto& [t, m, g] = k;
@@ -521,11 +571,13 @@ void resolve(BatchConfig& out, BatchKeys k, int64_t world_size, const TrainerOpt
   } else if (m) {
     g = 1, t = *m * ws;
   } else {
-    ctx.fail("give 'train_batch_size' or 'train_micro_batch_size_per_gpu' (DeepSpeed needs one of them)");
+    ctx.fail("no batch size given: pass --config FILE (configs/ has examples), or --train_batch_size N (global) or "
+             "--batch_size N (per process); in a config file, give 'train_batch_size' or "
+             "'train_micro_batch_size_per_gpu' (DeepSpeed needs one of them)");
   }
   if (*t != *m * *g * ws)
     ctx.fail(cat("batch sizes disagree: ", kT, " (", *t, ") != ", kM, " (", *m, ") * ", kG, " (", *g,
-                 ") * ", ws_text, " = ", *m * *g * ws));
+                 ") * ", ws_text, " = ", *m * *g * ws, fixes()));
   out = BatchConfig{*t, *m, *g, ws};
 }
 
@@ -535,14 +587,70 @@ json::json_pointer pointer_of(const std::string& dotted) {
   return json::json_pointer(p);
 }
 
+// The errors of one parse. Each step runs under run(): its InputError is recorded (each message
+// once) and the next step still runs, so that one try reports every mistake of a config. A step
+// that depends on another runs only when that one succeeded (its values may be half read).
+class ErrorList {
+ public:
+  template <class Step>
+  bool run(Step&& step) {
+    try {
+      step();
+      return true;
+    } catch (const InputError& e) {
+      add(e.what());
+      return false;
+    }
+  }
+  void add(const std::string& message) {
+    if (std::find(list_.begin(), list_.end(), message) == list_.end()) list_.push_back(message);
+  }
+  void throw_if_any() const {
+    if (!list_.empty()) throw InputError(join(list_, "\n"));
+  }
+
+ private:
+  std::vector<std::string> list_;
+};
+
+void check_swarm(const Config& cfg, const ParseContext& ctx) {
+  if (const std::string e = swarm_batch_error(cfg); !e.empty()) ctx.fail(e);
+  const auto kept = optimizer_statistics(cfg.optimizer);
+  std::set<std::string> seen;
+  for (const auto& s : cfg.hivemind.average_opt_statistics) {
+    if (std::find(kept.begin(), kept.end(), s) == kept.end())
+      ctx.fail(cat("hivemind.average_opt_statistics: '", s, "' is not a statistic of optimizer ", cfg.optimizer.type,
+                   " (it keeps: ", kept.empty() ? "none" : join(kept, ", "), ")"));
+    if (!seen.insert(s).second) ctx.fail(cat("hivemind.average_opt_statistics: '", s, "' is listed twice"));
+  }
+  if (cfg.batch.gradient_accumulation_steps != 1)
+    ctx.fail(cat("gradient_accumulation_steps (", cfg.batch.gradient_accumulation_steps,
+                 ") has no meaning under env_type 'hivemind': a peer accumulates micro-batches until the swarm "
+                 "reaches hivemind.target_batch_size; set it to 1"));
+}
+
 }  // namespace
 
 Config config_from_json(const json& doc, const std::string& origin, int64_t world_size) {
+  return config_from_json_with(doc, origin, world_size, {});
+}
+
+Config config_from_json_with(const json& given, const std::string& origin, int64_t world_size,
+                             std::vector<std::string> earlier) {
   Config cfg;
   ParseContext ctx{origin, &cfg.ignored_keys};
+  ErrorList errors;
+  const auto prefixed = [&](const std::string& m) { return origin.empty() ? m : origin + ": " + m; };
+  for (const auto& e : earlier) errors.add(prefixed(e));
+  json doc = given;
+  std::vector<std::string> renamed;
+  map_flagai_names(doc, &renamed);
+  for (const auto& e : renamed) errors.add(prefixed(e));
+  if (!errors.run([&] { ObjectReader(&doc, "", ctx); })) errors.throw_if_any();  // not an object: nothing to read
   ObjectReader top(&doc, "", ctx);
-  cfg.source = doc.is_null() ? json::object() : doc;
-  const BatchKeys batch = read_batch_keys(top);
+  cfg.source = given.is_null() ? json::object() : given;
+  BatchKeys batch;
+  bool top_ok = errors.run([&] { batch = read_batch_keys(top); });
   const json* optimizer = top.take("optimizer");
   const json* scheduler = top.take("scheduler");
   const json* fp16 = top.take("fp16");
@@ -558,64 +666,64 @@ Config config_from_json(const json& doc, const std::string& origin, int64_t worl
   const json* data = top.take("data");
   const json* trainer = top.take("trainer");
   const json* hivemind = top.take("hivemind");
-  top("gradient_clipping", cfg.gradient_clipping), top("steps_per_print", cfg.steps_per_print);
-  top("wall_clock_breakdown", cfg.wall_clock_breakdown);
-  top.ignore(kTopLevelIgnored);
-  top.finish();  // a top-level typo is reported before anything inside the sections
-  top.at_least("gradient_clipping", cfg.gradient_clipping, 0.0);
-  top.above("steps_per_print", cfg.steps_per_print, int64_t{0});
+  top_ok &= errors.run([&] {
+    top("gradient_clipping", cfg.gradient_clipping), top("steps_per_print", cfg.steps_per_print);
+    top("wall_clock_breakdown", cfg.wall_clock_breakdown);
+    top.ignore(kTopLevelIgnored);
+    top.finish();
+  });
+  errors.run([&] { top.at_least("gradient_clipping", cfg.gradient_clipping, 0.0); });
+  errors.run([&] { top.above("steps_per_print", cfg.steps_per_print, int64_t{0}); });
 
-  parse_optimizer(optimizer, ctx, cfg.optimizer);
-  parse_scheduler(scheduler, ctx, cfg.scheduler);
-  if (cfg.scheduler.type == "OneCycle" && cfg.scheduler.cycle_momentum) {
+  const bool optimizer_ok = errors.run([&] { parse_optimizer(optimizer, ctx, cfg.optimizer); });
+  const bool scheduler_ok = errors.run([&] { parse_scheduler(scheduler, ctx, cfg.scheduler); });
+  if (optimizer_ok && scheduler_ok && cfg.scheduler.type == "OneCycle" && cfg.scheduler.cycle_momentum) {
     const OptimizerEntry* e = find_optimizer(cfg.optimizer.type);
     if (e && !e->has_beta1)
-      ctx.fail(cat("scheduler.params.cycle_momentum: OneCycle cycles momentum (beta1), but optimizer '",
-                   cfg.optimizer.type, "' has no beta1; set cycle_momentum to false or use Adam, AdamW or Lamb"));
+      errors.add(prefixed(cat("scheduler.params.cycle_momentum: OneCycle cycles momentum (beta1), but optimizer '",
+                              cfg.optimizer.type, "' has no beta1; set cycle_momentum to false or use Adam, AdamW or Lamb")));
   }
-  parse_zero(zero, allgather_size, ctx, cfg.zero_optimization);
-  parse_precision(fp16, bf16, bfloat16, ctx, cfg);
-  parse_amp(amp, ctx, cfg);
-  if (cfg.fp16.enabled && cfg.fp16.fp16_master_weights_and_grads && cfg.zero_optimization.stage != 2)
-    ctx.fail("'fp16.fp16_master_weights_and_grads' needs zero_optimization.stage 2 (DeepSpeed's rule)");
+  const bool zero_ok = errors.run([&] { parse_zero(zero, allgather_size, ctx, cfg.zero_optimization); });
+  const bool precision_ok = errors.run([&] { parse_precision(fp16, bf16, bfloat16, ctx, cfg); });
+  if (precision_ok && zero_ok) errors.run([&] { parse_amp(amp, ctx, cfg); });
+  if (precision_ok && zero_ok && cfg.fp16.enabled && cfg.fp16.fp16_master_weights_and_grads &&
+      cfg.zero_optimization.stage != 2)
+    errors.add(prefixed("'fp16.fp16_master_weights_and_grads' needs zero_optimization.stage 2 (DeepSpeed's rule)"));
   cfg.activation_checkpointing_present = checkpointing != nullptr;
-  ObjectReader ac(checkpointing, "activation_checkpointing", ctx);
-  visit(ac, cfg.activation_checkpointing);
-  ac.finish();
-  if (cfg.activation_checkpointing.number_checkpoints)
-    ac.above("number_checkpoints", *cfg.activation_checkpointing.number_checkpoints, int64_t{0});
-  ObjectReader tb(tensorboard, "tensorboard", ctx), csv(csv_monitor, "csv_monitor", ctx);
-  visit(tb, cfg.tensorboard), visit(csv, cfg.csv_monitor);
-  tb.finish(), csv.finish();
-  parse_model(model, ctx, cfg.model);
-  parse_data(data, ctx, cfg.data, cfg.model);
-  parse_trainer(trainer, ctx, cfg.trainer);
+  errors.run([&] {
+    ObjectReader ac(checkpointing, "activation_checkpointing", ctx);
+    visit(ac, cfg.activation_checkpointing);
+    ac.finish();
+    if (cfg.activation_checkpointing.number_checkpoints)
+      ac.above("number_checkpoints", *cfg.activation_checkpointing.number_checkpoints, int64_t{0});
+  });
+  for (auto [j, name, out] : {std::tuple{tensorboard, "tensorboard", &cfg.tensorboard},
+                              std::tuple{csv_monitor, "csv_monitor", &cfg.csv_monitor}})
+    errors.run([&, j = j, name = name, out = out] {
+      ObjectReader r(j, name, ctx);
+      visit(r, *out);
+      r.finish();
+    });
+  const bool model_ok = errors.run([&] { parse_model(model, ctx, cfg.model); });
+  ModelConfig unknown_model;  // the data checks that need the model are left out
+  unknown_model.model_type.clear();
+  errors.run([&] { parse_data(data, ctx, cfg.data, model_ok ? cfg.model : unknown_model); });
+  bool trainer_read = false;
+  errors.run([&] { parse_trainer(trainer, ctx, cfg.trainer, &trainer_read); });
   // DeepSpeed's steps_per_print is its log interval; trainer.log_interval, when given, wins.
   if (doc.is_object() && doc.contains("steps_per_print") &&
       !(trainer && trainer->is_object() && trainer->contains("log_interval")))
     cfg.trainer.log_interval = cfg.steps_per_print;
-  parse_hivemind(hivemind, ctx, cfg.hivemind);
+  const bool hivemind_ok = errors.run([&] { parse_hivemind(hivemind, ctx, cfg.hivemind); });
   // A swarm has no fixed world: the batch triple is this peer's own (world size 1).
   const bool swarm = cfg.trainer.env_type == "hivemind";
-  resolve(cfg.batch, batch, swarm ? 1 : world_size, cfg.trainer, ctx);
-  if (swarm) {
-    const auto& h = cfg.hivemind;
-    if (const std::string e = swarm_batch_error(cfg); !e.empty()) ctx.fail(e);
-    const auto kept = optimizer_statistics(cfg.optimizer);
-    std::string names;
-    for (const auto& k : kept) names += (names.empty() ? "" : ", ") + k;
-    std::set<std::string> seen;
-    for (const auto& s : h.average_opt_statistics) {
-      if (std::find(kept.begin(), kept.end(), s) == kept.end())
-        ctx.fail(cat("hivemind.average_opt_statistics: '", s, "' is not a statistic of optimizer ", cfg.optimizer.type,
-                     " (it keeps: ", names.empty() ? "none" : names, ")"));
-      if (!seen.insert(s).second) ctx.fail(cat("hivemind.average_opt_statistics: '", s, "' is listed twice"));
-    }
-    if (cfg.batch.gradient_accumulation_steps != 1)
-      ctx.fail(cat("gradient_accumulation_steps (", cfg.batch.gradient_accumulation_steps,
-                   ") has no meaning under env_type 'hivemind': a peer accumulates micro-batches until the swarm "
-                   "reaches hivemind.target_batch_size; set it to 1"));
-  }
+  // The triple needs readable batch keys (a misspelt one would read as missing) and the
+  // trainer's env_type and model_parallel_size.
+  const bool batch_ok = top_ok && trainer_read && errors.run([&] {
+    resolve(cfg.batch, batch, swarm ? 1 : world_size, cfg.trainer, ctx);
+  });
+  if (swarm && batch_ok && hivemind_ok && optimizer_ok) errors.run([&] { check_swarm(cfg, ctx); });
+  errors.throw_if_any();
   return cfg;
 }
 
@@ -625,7 +733,11 @@ Config load_config(const std::string& path, int64_t world_size) {
   if (!in) throw InputError(cat(path, ": cannot read config file: ", std::strerror(errno)));
   std::ostringstream text;
   text << in.rdbuf();
-  return config_from_json(parse_json_strict(text.str(), path), path, world_size);
+  json doc = parse_json_strict(text.str(), path);
+  // Paths resolve as in a run; whether the files are there is the run's check (build_config), so
+  // that a config naming a dataset the user fetches later still loads.
+  prepare_config_sources(doc, path, json::object());
+  return config_from_json(doc, path, world_size);
 }
 
 std::string swarm_batch_error(const Config& cfg) {
@@ -688,7 +800,34 @@ json config_to_json(const Config& in) {
   return out;
 }
 
+namespace config_detail {
+
+std::vector<std::string> model_key_warnings(const json& model) {
+  std::vector<std::string> out;
+  if (!model.is_object()) return out;
+  const std::string type = model.contains("model_type") && model["model_type"].is_string() ? model["model_type"].get<std::string>() : "bert";
+  std::vector<std::string> known;
+  if (type == "gpt2") known = kGpt2ConfigKeys;
+  else if (type == "albert") known = kAlbertConfigKeys;
+  else if (type == "t5") known = kT5ConfigKeys;
+  else known = key_names(ModelConfig{});
+  const auto listed = [](const std::vector<std::string>& list, const std::string& key) {
+    return std::find(list.begin(), list.end(), key) != list.end();
+  };
+  for (const auto& item : model.items()) {
+    const std::string& key = item.key();
+    if (listed(known, key) || listed(kHfOtherConfigKeys, key)) continue;
+    const std::string near = nearest(key, known);
+    if (!near.empty()) out.push_back("model." + key + ": unknown key; did you mean " + near + "?");
+  }
+  return out;
+}
+
+}  // namespace config_detail
+
 void warn_ignored_keys(const Config& cfg) {
+  if (cfg.source.is_object() && cfg.source.contains("model"))
+    for (const auto& line : model_key_warnings(cfg.source["model"])) std::fprintf(stderr, "warning: %s\n", line.c_str());
   if (cfg.ignored_keys.empty()) return;
   std::string list;
   for (const auto& key : cfg.ignored_keys) list += (list.empty() ? "" : ", ") + key;

@@ -8,40 +8,17 @@
 #include <climits>
 #include <cmath>
 
+#include "polytrain/common/nearest_name.h"
+
 namespace polytrain::config_detail {
 
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
+std::string nearest(const std::string& key, const std::vector<std::string>& known) {
+  return nearest_name(key, known, 3);
 }
 
 std::string suggest(const std::string& key, const std::vector<std::string>& known) {
-  auto lower = [](std::string s) {
-    for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    return s;
-  };
-  const std::string k = lower(key);
-  const std::string* best = nullptr;
-  size_t best_d = SIZE_MAX;
-  for (const auto& name : known) {
-    size_t d = edit_distance(k, lower(name));
-    // A cut-short name ("output" for "output_path") counts as one edit.
-    if (k.size() >= 3 && lower(name).rfind(k, 0) == 0) d = std::min<size_t>(d, 1);
-    if (d < best_d) best_d = d, best = &name;
-  }
-  // Near means: at most a third of the typed name changed (at least one edit allowed).
-  if (!best || best_d > std::max<size_t>(1, key.size() / 3) || best_d >= key.size()) return "";
-  return " (did you mean '" + *best + "'?)";
+  const std::string best = nearest(key, known);
+  return best.empty() ? "" : " (did you mean '" + best + "'?)";
 }
 
 std::string describe(const json& v) {

@@ -20,8 +20,9 @@ namespace polytrain::config_detail {
 
 using nlohmann::json;
 
-/// Levenshtein distance (insert, delete, substitute each cost 1).
-size_t edit_distance(const std::string& a, const std::string& b);
+/// The known name nearest to `key` (case-insensitive; a cut-short name counts as one edit), or ""
+/// when none is near: at most a third of the typed name changed (at least one edit allowed).
+std::string nearest(const std::string& key, const std::vector<std::string>& known);
 
 /// " (did you mean 'x'?)" for the known name nearest to `key`, or "" when none is near.
 std::string suggest(const std::string& key, const std::vector<std::string>& known);
@@ -358,11 +359,31 @@ void visit(V& v, HivemindConfig& h) {
   v("expected_peers", h.expected_peers), v("num_streams", h.num_streams), v("stream_index", h.stream_index);
 }
 
+/// FlagAI's Trainer argument names given in `trainer` moved, in `doc`, to the DeepSpeed keys they
+/// mean (config_flagai.cpp; docs/config.md, "FlagAI names"). A name whose DeepSpeed key is given
+/// too with another value is a conflict: with `errors`, it is appended there (naming both keys)
+/// and the FlagAI key dropped; without, both are left for a later call to report. `warm_up`
+/// needs the run's length, so only a call with `errors` (the whole config) maps it.
+void map_flagai_names(json& doc, std::vector<std::string>* errors);
+
+/// One line per `model` key that no reader of `model`'s family knows but that is one typo away
+/// from a known key: "model.n_layers: unknown key; did you mean n_layer?". Other unknown keys
+/// are Hugging Face's many and stay silent.
+std::vector<std::string> model_key_warnings(const json& model);
+
 template <class T>
 json write(T& section) {
   ObjectWriter w;
   visit(w, section);
   return w.out;
+}
+
+template <class T>
+std::vector<std::string> key_names(T section) {
+  std::vector<std::string> out;
+  const json keys = write(section);  // items() of a temporary would dangle
+  for (const auto& item : keys.items()) out.push_back(item.key());
+  return out;
 }
 
 template <class T>

@@ -11,7 +11,7 @@
 namespace polytrain {
 
 namespace {
-// One line: newlines inside a message would split the `error:` line.
+// One line: newlines inside a message would split the `error:` line (a carriage return too).
 std::string one_line(std::string s) {
   for (char& c : s)
     if (c == '\n' || c == '\r') c = ' ';
@@ -26,7 +26,15 @@ int run_guarded(const std::function<int()>& body) {
     check_fault_spec();
     return body();
   } catch (const InputError& e) {
-    std::fprintf(stderr, "error: %s\n", one_line(e.what()).c_str());
+    // Several problems of one input (a config's errors, reported in one pass) come one per line.
+    std::string what = e.what();
+    for (size_t start = 0; start <= what.size();) {
+      size_t end = what.find('\n', start);
+      if (end == std::string::npos) end = what.size();
+      const std::string line = one_line(what.substr(start, end - start));
+      if (!line.empty()) std::fprintf(stderr, "error: %s\n", line.c_str());
+      start = end + 1;
+    }
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", one_line(e.what()).c_str());

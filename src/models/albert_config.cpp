@@ -2,6 +2,7 @@
 #include "polytrain/models/albert_config.h"
 
 #include "polytrain/models/hf_config.h"
+#include "polytrain/models/model_keys.h"
 
 namespace polytrain {
 
@@ -57,12 +58,7 @@ AlbertConfig albert_config_from_json(const json& j, const std::string& origin) {
   if (pos != "absolute") r.fail("position_embedding_type", "'" + pos + "' is not supported (only 'absolute')");
 
   c.extra = j;
-  for (const char* key : {"model_type", "vocab_size", "embedding_size", "hidden_size", "d_model", "num_hidden_layers",
-                          "num_hidden_groups", "num_attention_heads", "intermediate_size", "inner_group_num",
-                          "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob",
-                          "max_position_embeddings", "type_vocab_size", "initializer_range", "layer_norm_eps",
-                          "classifier_dropout_prob", "pad_token_id", "bos_token_id", "eos_token_id",
-                          "tie_word_embeddings", "sentence_order_prediction", "sparse_prediction", "fused_lm_loss"})
+  for (const std::string& key : kAlbertConfigKeys)
     c.extra.erase(key);
   return c;
 }

@@ -1,7 +1,10 @@
 // GPT-2: Gpt2Config <-> HF config.json (models/gpt2_config.h).
 #include "polytrain/models/gpt2_config.h"
 
+#include <algorithm>
+
 #include "polytrain/models/hf_config.h"
+#include "polytrain/models/model_keys.h"
 
 namespace polytrain {
 
@@ -39,18 +42,9 @@ Gpt2Config gpt2_config_from_json(const nlohmann::json& j, const std::string& ori
   if (c.n_embd % c.n_head != 0)
     r.fail("n_embd", "(" + std::to_string(c.n_embd) + ") must be divisible by n_head (" +
                          std::to_string(c.n_head) + ")");
-  static const char* kKnown[] = {"model_type", "vocab_size", "n_positions", "max_position_embeddings",
-                                 "n_embd", "hidden_size", "n_layer", "num_hidden_layers", "n_head",
-                                 "num_attention_heads", "n_inner", "activation_function", "resid_pdrop",
-                                 "embd_pdrop", "attn_pdrop", "layer_norm_epsilon", "initializer_range",
-                                 "scale_attn_weights", "scale_attn_by_inverse_layer_idx",
-                                 "reorder_and_upcast_attn", "tie_word_embeddings", "bos_token_id",
-                                 "eos_token_id", "fused_lm_loss", "attn_implementation"};
-  for (const auto& item : j.items()) {
-    bool known = false;
-    for (const char* k : kKnown) known = known || item.key() == k;
-    if (!known) c.extra[item.key()] = item.value();
-  }
+  for (const auto& item : j.items())
+    if (std::find(kGpt2ConfigKeys.begin(), kGpt2ConfigKeys.end(), item.key()) == kGpt2ConfigKeys.end())
+      c.extra[item.key()] = item.value();
   return c;
 }
 

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "polytrain/models/hf_config.h"
+#include "polytrain/models/model_keys.h"
 
 namespace polytrain {
 
@@ -95,14 +96,9 @@ T5Config t5_config_from_json(const nlohmann::json& j, const std::string& origin)
       r.fail(key, "must be in [0, vocab_size = " + std::to_string(c.vocab_size) + "), got " + std::to_string(v));
   }
 
-  static const std::set<std::string> kRead = {
-      "vocab_size", "d_model", "hidden_size", "d_kv", "head_dim", "d_ff", "num_layers", "num_hidden_layers",
-      "num_decoder_layers", "num_heads", "num_attention_heads", "relative_attention_num_buckets",
-      "relative_attention_max_distance", "dropout_rate", "layer_norm_epsilon", "initializer_factor",
-      "feed_forward_proj", "tie_word_embeddings", "pad_token_id", "eos_token_id", "decoder_start_token_id",
-      "dense_act_fn", "is_gated_act", "attn_implementation"};
   for (auto it = j.begin(); it != j.end(); ++it)
-    if (!kRead.count(it.key())) c.extra[it.key()] = it.value();
+    if (std::find(kT5ConfigKeys.begin(), kT5ConfigKeys.end(), it.key()) == kT5ConfigKeys.end())
+      c.extra[it.key()] = it.value();
   return c;
 }
 
