@@ -20,6 +20,7 @@
 #include <torch/torch.h>
 
 #include "helpers/own_process.h"
+#include "helpers/shipped_config.h"
 #include "polytrain/checkpoint/safetensors.h"
 #include "polytrain/parallel/comm/communicator.h"
 #include "helpers/require.h"
@@ -65,8 +66,7 @@ struct Fixture : ::testing::Test {
     fs::remove_all(dir);
     fs::create_directories(dir);
     // bert_tiny, dropout off, global batch 16; micro and world size come from the flags.
-    std::ifstream in(fs::path(POLYTRAIN_SOURCE_DIR) / "configs/bert_tiny.json");
-    json c = json::parse(in);
+    json c = polytrain::testing::shipped_config("bert_tiny.json");
     c["model"]["hidden_dropout_prob"] = 0.0;
     c["model"]["attention_probs_dropout_prob"] = 0.0;
     c.erase("gradient_accumulation_steps");

@@ -22,10 +22,11 @@
 #include <torch/torch.h>
 
 #include "helpers/free_port.h"
-#include "helpers/peer_namespace.h"
 #include "helpers/own_process.h"
+#include "helpers/peer_namespace.h"
 #include "helpers/program.h"
 #include "helpers/require.h"
+#include "helpers/shipped_config.h"
 #include "helpers/temp_dir.h"
 #include "polytrain/parallel/universal_state.h"
 #include "polytrain/checkpoint/checkpoint.h"
@@ -50,8 +51,7 @@ struct Swarm : ::testing::Test {
   fs::path dir = tmp.path;
   void SetUp() override {
     PT_SKIP_UNLESS(assets_present(), "the BERT vocab in .cache/assets (scripts/fetch_assets.sh)");
-    std::ifstream in(fs::path(POLYTRAIN_SOURCE_DIR) / "configs/bert_tiny.json");
-    json c = json::parse(in);
+    json c = polytrain::testing::shipped_config("bert_tiny.json");
     c["model"]["hidden_dropout_prob"] = 0.0;
     c["model"]["attention_probs_dropout_prob"] = 0.0;
     c.erase("gradient_accumulation_steps");
@@ -1038,8 +1038,7 @@ TEST_F(Swarm, TheAlbertRecipeWithAMonitorAnAuxiliaryPeerAndTwoClientsBehindAFire
   constexpr int kSteps = 12;
   const std::string albert = POLYTRAIN_BINARY_DIR "/train_albert";
   {
-    std::ifstream in(fs::path(POLYTRAIN_SOURCE_DIR) / "configs/albert_tiny.json");
-    json c = json::parse(in);
+    json c = polytrain::testing::shipped_config("albert_tiny.json");
     c.erase("gradient_accumulation_steps");
     c["trainer"]["num_threads"] = 1;
     c["trainer"]["eval_interval"] = 1000;

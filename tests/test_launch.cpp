@@ -27,6 +27,7 @@
 #include "helpers/free_port.h"
 #include "helpers/own_process.h"
 #include "helpers/require.h"
+#include "helpers/shipped_config.h"
 #include "polytrain/common/blas_kernel.h"
 #include "polytrain/common/cpu_budget.h"
 #include "polytrain/launcher/mpi_world.h"
@@ -521,7 +522,8 @@ INSTANTIATE_TEST_SUITE_P(
                       BadLaunch{"--hostfile good --launcher slurm prog", "'srun' is not installed"},
                       BadLaunch{"--num_gpus 2 no-such-program-xyz", "program 'no-such-program-xyz' is not on PATH"},
                       BadLaunch{"--num_gpus 2", "no PROGRAM given"},
-                      BadLaunch{"--bogus_flag 1 prog", "command line: unknown option '--bogus_flag'"},
+                      BadLaunch{"--bogus_flag 1 prog", "unknown flag --bogus_flag (see --help)"},
+                      BadLaunch{"--num_gpu 2 prog", "unknown flag --num_gpu; did you mean --num_gpus?"},
                       BadLaunch{"--launcher telnet prog", "command line:"}),
                          [](const auto& info) { return "case" + std::to_string(info.index); });
 
@@ -875,7 +877,7 @@ TEST_P(FaultInjection, TheJobEndsInTimeLeavesNothingAndTheLastCheckpointLoads) {
   const Fault f = GetParam();
   TempDir t;
   // comm_timeout 8 s: a rank stopped mid-all-reduce is found by its peer's deadline.
-  json cfg = json::parse(std::ifstream(fs::path(POLYTRAIN_SOURCE_DIR) / "configs/bert_tiny.json"));
+  json cfg = polytrain::testing::shipped_config("bert_tiny.json");
   cfg["trainer"]["comm_timeout"] = 8;
   cfg["trainer"]["keep_last"] = 2;
   cfg["data"]["eval_batches"] = 2;
@@ -985,7 +987,7 @@ TEST(SelfLaunch, TwoProcessesFromAFlagOrTheTrainerSectionTrainAsUnderLaunch) {
   EXPECT_NE(self.out.find("launch: local, world size 2 on 1 host(s), master 127.0.0.1:" + port2), std::string::npos) << self.out;
   EXPECT_NE(self.out.find("[rank 0] done: 3 steps"), std::string::npos) << self.out;
 
-  json cfg = json::parse(std::ifstream(fs::path(POLYTRAIN_SOURCE_DIR) / "configs/bert_tiny.json"));
+  json cfg = polytrain::testing::shipped_config("bert_tiny.json");
   cfg["trainer"]["env_type"] = "pytorchDDP";
   cfg["trainer"]["num_gpus"] = 2;
   cfg["trainer"]["master_port"] = polytrain::testing::free_port();

@@ -28,17 +28,19 @@ struct ConfigFlags {
   nlohmann::json overrides = nlohmann::json::object();
 };
 
-/// Registers --config, --print_config, the trainer options (--env_type, --epochs, --max_steps,
-/// --eval_interval, --log_interval, --save_interval, --save_dir, --load_dir, --experiments_dir,
-/// --experiment_name, --seed, --pytorch_device, --num_threads, --checkpoint_activations,
-/// --save_safetensors, --no_progress_bar), the batch triple (--train_batch_size,
-/// --train_micro_batch_size_per_gpu, --gradient_accumulation_steps), --lr
-/// (optimizer.params.lr), --train_files (data.train_files, one or more) and --vocab_file.
-/// `flags` must outlive the parse.
+/// Registers --config, --print_config and one flag per option a user sets most, in --help
+/// groups (Trainer, Batch, Optimizer, Precision, Parallel, Data, Hivemind, Launcher side) with
+/// the config structs' defaults shown: the trainer options, the batch triple and FlagAI's
+/// --batch_size (train_micro_batch_size_per_gpu), --lr, --weight_decay, --clip_grad
+/// (gradient_clipping), --warm_up (trainer.warm_up), --fp16/--bf16/--tf32, --env_type,
+/// --model_parallel_size, --zero_stage, --offload_optimizer, --train_files, --vocab_file, the
+/// hivemind section's keys and FlagAI's self-launch names (--num_gpus, --num_nodes, --hostfile,
+/// --master_ip/--master_addr, --master_port, --training_script). `flags` must outlive the parse.
 void add_config_flags(CLI::App& app, ConfigFlags& flags);
 
 /// Parses argv with app. Returns false when --help (or --version) was asked for: the text is on
-/// stdout and the caller should exit 0. Any other CLI11 error becomes one-line InputError (exit 2).
+/// stdout and the caller should exit 0. Any other CLI11 error becomes one-line InputError (exit 2);
+/// an unknown flag names the nearest known one ("unknown flag --max_step; did you mean --max_steps?").
 bool parse_cli(CLI::App& app, int argc, char** argv);
 
 /// The file's JSON with the overrides merged in (RFC 7386 merge patch), plus the batch rule:

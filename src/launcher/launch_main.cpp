@@ -16,6 +16,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "polytrain/common/cli_suggest.h"
 #include "polytrain/common/error.h"
 #include "polytrain/common/blas_kernel.h"
 #include "polytrain/common/cpu_budget.h"
@@ -25,8 +26,10 @@
 #include "polytrain/launcher/mpi_world.h"
 #include "polytrain/launcher/pid_holder.h"
 #include "polytrain/launcher/plan.h"
+#include "polytrain/launcher/port_check.h"
 #include "polytrain/launcher/runners.h"
 #include "polytrain/launcher/supervisor.h"
+#include "polytrain/launcher/torchrun_names.h"
 
 using namespace polytrain;
 using namespace polytrain::launcher;
@@ -123,6 +126,7 @@ void local_procs(const LaunchOptions& o, const WorldPlan& plan, int node, const 
     ProcSpec p;
     p.label = cat("rank ", n.ranks[i], " (host ", n.host, ")");
     p.prefix = cat("[rank ", n.ranks[i], "] ");
+    p.rank = n.ranks[i];
     p.argv = worker_argv(o, static_cast<int>(i));
     p.env = make_environment(env);
     if (!o.log_dir.empty()) p.log_path = cat(o.log_dir, "/rank_", n.ranks[i], ".log");
@@ -185,6 +189,16 @@ Job build_job(const LaunchOptions& o, const WorldPlan& plan, const std::string& 
   return job;
 }
 
+// CLI11's usage line ends at [OPTIONS]; launch's arguments go on with the program it starts.
+class UsageWithProgram : public CLI::Formatter {
+ public:
+  std::string make_usage(const CLI::App* app, std::string name) const override {
+    std::string usage = CLI::Formatter::make_usage(app, std::move(name));
+    usage.insert(usage.find_last_not_of('\n') + 1, " PROGRAM [ARGS...]");
+    return usage;
+  }
+};
+
 // The launcher's options, bound to `o` and `hold_pid`; returns --hostfile's (was it given?).
 CLI::Option* add_options(CLI::App& app, LaunchOptions& o, bool& hold_pid) {
   auto* hf = app.add_option("-H,--hostfile", o.hostfile, "hostfile: lines 'HOST slots=N' (default /job/hostfile; absent = this machine)");
@@ -197,7 +211,9 @@ CLI::Option* add_options(CLI::App& app, LaunchOptions& o, bool& hold_pid) {
   app.add_option("--launcher", o.launcher, "local, pdsh, ssh, openmpi, slurm (default: local for this machine, else pdsh, else ssh)")
       ->check(CLI::IsMember({"local", "pdsh", "ssh", "openmpi", "slurm"}));
   app.add_option("--launcher_args", o.launcher_args, "extra arguments for pdsh/ssh/mpirun/srun");
-  app.add_option("--node_rank", o.node_rank, "with --no_ssh: which host of the hostfile this is");
+  app.add_option("--node_rank", o.node_rank,
+                 "start only this node's ranks: host K of the hostfile (as --no_ssh); without a hostfile, node K of "
+                 "--nnodes (torchrun's static rendezvous at --master_addr)");
   app.add_flag("--no_ssh", o.no_ssh, "start only this node's ranks (run launch on every node by hand)");
   app.add_flag("--no_mpi_world", o.no_mpi_world,
                "on one host: do not make the ranks an MPI job through this launcher's PMIx server "
@@ -220,13 +236,37 @@ CLI::Option* add_options(CLI::App& app, LaunchOptions& o, bool& hold_pid) {
   return hf;
 }
 
+// torchrun's names (torchrun_names.h).
+void add_torchrun_options(CLI::App& app, TorchrunNames& t) {
+  const char* group = "torchrun's names (docs/launcher.md)";
+  app.add_option("--nproc_per_node", t.nproc_per_node, "= --num_gpus: processes per node")->group(group);
+  app.add_option("--nnodes", t.nnodes, "= --num_nodes; without a hostfile, nodes of torchrun's static rendezvous")
+      ->group(group);
+  app.add_option("--rdzv_endpoint", t.rdzv_endpoint, "HOST[:PORT] = --master_addr HOST --master_port PORT")->group(group);
+}
+
+// A torchrun name and launch's own name for one setting, both given: which one was meant is unclear.
+void refuse_both_names(const CLI::App& app) {
+  const char* const pairs[][2] = {{"--nproc_per_node", "--num_gpus"}, {"--nnodes", "--num_nodes"},
+                                  {"--rdzv_endpoint", "--master_addr"}, {"--rdzv_endpoint", "--master_port"}};
+  for (const auto& [torchrun, own] : pairs)
+    PT_INPUT_CHECK(app.get_option(torchrun)->count() == 0 || app.get_option(own)->count() == 0, torchrun, " and ", own,
+                   " both given: ", torchrun, " is torchrun's name for ",
+                   std::string(torchrun) == "--rdzv_endpoint" ? "--master_addr HOST --master_port PORT" : own,
+                   "; give one");
+}
+
 // Parses the command line into `o`, PROGRAM and its arguments included; an exit code when that ends the run
 // (--help). With --hold_pid it runs PROGRAM itself and does not return.
 std::optional<int> parse_command_line(int argc, char** argv, LaunchOptions& o) {
   CLI::App app{"launch: start PROGRAM on every slot of the hosts in a DeepSpeed-style hostfile"};
+  app.formatter(std::make_shared<UsageWithProgram>());
+  app.get_formatter()->column_width(34);
   app.prefix_command();  // everything from PROGRAM on belongs to PROGRAM
   bool hold_pid = false;
+  TorchrunNames torchrun;
   auto* hf = add_options(app, o, hold_pid);
+  add_torchrun_options(app, torchrun);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {
@@ -234,15 +274,19 @@ std::optional<int> parse_command_line(int argc, char** argv, LaunchOptions& o) {
   } catch (const CLI::ParseError& e) {
     throw InputError(std::string("command line: ") + e.what() + " (see --help)");
   }
+  refuse_both_names(app);
   o.program = app.remaining();
   if (!o.program.empty() && o.program.front() == "--") {
     o.program.erase(o.program.begin());
   } else if (!o.program.empty() && o.program.front().rfind("-", 0) == 0) {
-    throw InputError(cat("command line: unknown option '", o.program.front(), "' (see --help)"));
+    throw InputError(cli::unknown_argument_message(app, o.program));
   }
   if (o.program.empty()) throw InputError("command line: no PROGRAM given (launch [options] PROGRAM [ARGS...])");
   if (hold_pid) run_holding_pid(o.program);
   o.hostfile_given = hf->count() > 0;
+  torchrun.have_hostfile = o.hostfile_given || file_exists(o.hostfile);
+  torchrun.default_procs = std::max(1, local_gpu_count());
+  apply_torchrun_names(torchrun, o);
   return std::nullopt;
 }
 
@@ -389,6 +433,15 @@ void announce(const LaunchOptions& o, const Target& t, const LocalMpiWorld* worl
                attempt ? cat(", restart ", attempt, " of ", o.max_restarts).c_str() : "");
 }
 
+// Rank 0 binds the rendezvous port when it runs here: a port in use is said before anything starts.
+void warn_if_master_port_busy(const Target& t) {
+  if (t.launcher != "local" || t.plan.world_size < 2 || !is_local_host(t.plan.master_addr)) return;
+  const auto& here = t.plan.nodes.at(t.node_rank - t.plan.first_node);
+  if (here.ranks.empty() || here.ranks.front() != 0) return;
+  const std::string warning = master_port_warning(t.plan.master_port);
+  if (!warning.empty()) std::fprintf(stderr, "%s\n", warning.c_str());
+}
+
 // Starts and supervises the group, again after a failure up to --max_restarts times; the exit code.
 int supervise_attempts(const LaunchOptions& o, const Target& t) {
   SuperviseOptions so;
@@ -423,6 +476,7 @@ int run(int argc, char** argv) {
     return 0;
   }
   prepare_outputs(o);
+  warn_if_master_port_busy(t);
   return supervise_attempts(o, t);
 }
 

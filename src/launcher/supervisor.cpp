@@ -20,6 +20,7 @@
 #include <sstream>
 
 #include "polytrain/common/error.h"
+#include "polytrain/launcher/repeated_errors.h"
 
 extern char** environ;
 
@@ -134,10 +135,12 @@ int node_failure_code(const std::string& line) {
   return std::regex_search(line, m, re) ? std::stoi(m[1]) : -1;
 }
 
-void emit_line(Proc& p, Stream& s, const std::string& line, int tail_lines) {
-  const std::string text = p.spec->prefix + line + "\n";
-  std::fwrite(text.data(), 1, text.size(), s.out);
-  std::fflush(s.out);
+void emit_line(Proc& p, Stream& s, const std::string& line, int tail_lines, RepeatedErrors& errors) {
+  if (p.spec->rank < 0 || errors.show(line, p.spec->rank)) {
+    const std::string text = p.spec->prefix + line + "\n";
+    std::fwrite(text.data(), 1, text.size(), s.out);
+    std::fflush(s.out);
+  }
   if (p.log) {
     std::fwrite(line.data(), 1, line.size(), p.log);
     std::fputc('\n', p.log);
@@ -149,12 +152,12 @@ void emit_line(Proc& p, Stream& s, const std::string& line, int tail_lines) {
 }
 
 // Reads what is available; returns false at EOF.
-bool pump(Proc& p, Stream& s, int tail_lines) {
+bool pump(Proc& p, Stream& s, int tail_lines, RepeatedErrors& errors) {
   char buf[65536];
   const ssize_t n = read(s.fd, buf, sizeof(buf));
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) return true;
   if (n <= 0) {
-    if (!s.pending.empty()) emit_line(p, s, s.pending, tail_lines);
+    if (!s.pending.empty()) emit_line(p, s, s.pending, tail_lines, errors);
     s.pending.clear();
     close(s.fd);
     s.fd = -1;
@@ -171,7 +174,7 @@ bool pump(Proc& p, Stream& s, int tail_lines) {
       std::fflush(s.out);
       continue;
     }
-    emit_line(p, s, piece, tail_lines);
+    emit_line(p, s, piece, tail_lines, errors);
   }
   s.pending.erase(0, start);
   return true;
@@ -254,6 +257,7 @@ struct Group {
   const SuperviseOptions& opts;
   std::vector<Proc> procs;
   Outcome result;
+  RepeatedErrors errors;  // the ranks' error lines, each shown once on the console
   bool stopping = false, killed = false;
   Clock::time_point kill_at{}, drain_until{};
 
@@ -268,6 +272,7 @@ struct Group {
   void on_launcher_signals();
   void release();
   Outcome report();
+  void report_failure(const Proc& f) const;
 };
 
 // One Proc per spec, its log file (if any) opened.
@@ -391,7 +396,7 @@ void Group::wait_and_relay(Clock::time_point now, bool all_reaped) {
   }
   if (fds[0].revents & POLLIN) on_launcher_signals();
   for (size_t k = 1; k < fds.size(); ++k) {
-    if (fds[k].revents & (POLLIN | POLLHUP | POLLERR)) pump(*owners[k].first, *owners[k].second, opts.tail_lines);
+    if (fds[k].revents & (POLLIN | POLLHUP | POLLERR)) pump(*owners[k].first, *owners[k].second, opts.tail_lines, errors);
   }
 }
 
@@ -424,6 +429,7 @@ void Group::release() {
 
 // Sets the exit code and reports on stderr why the group stopped (a signal to the launcher, or a failure).
 Outcome Group::report() {
+  for (const auto& note : errors.notes()) std::fprintf(stderr, "%s\n", note.c_str());
   if (result.launcher_signal != 0) {
     result.exit_code = 128 + result.launcher_signal;
     std::fprintf(stderr, "launch: received %s; stopped %zu process(es)\n", strsignal(result.launcher_signal),
@@ -437,17 +443,27 @@ Outcome Group::report() {
       std::fflush(stderr);
       return result;
     }
-    int others = 0;
-    for (const auto& p : procs) others += &p != &f && p.pid > 0;
-    std::fprintf(stderr, "error: %s (pid %d) %s%s%s\n", f.spec->label.c_str(), static_cast<int>(f.pid),
-                 describe(f.status).c_str(), others ? cat("; stopped the other ", others, " process(es)").c_str() : "",
-                 f.tail.empty() ? "" : cat("; its last ", f.tail.size(), " line(s):").c_str());
-    for (const auto& line : f.tail) std::fprintf(stderr, "  | %s\n", line.c_str());
-    if (!f.spec->log_path.empty()) std::fprintf(stderr, "  full output: %s\n", f.spec->log_path.c_str());
+    report_failure(f);
   }
   std::fflush(stdout);
   std::fflush(stderr);
   return result;
+}
+
+// Which process failed and how, and its last lines but the error lines shown above.
+void Group::report_failure(const Proc& f) const {
+  std::vector<std::string> tail;
+  for (const auto& line : f.tail)
+    if (f.spec->rank < 0 || !errors.shown(line)) tail.push_back(line);
+  const bool error_above = tail.size() < f.tail.size();
+  int others = 0;
+  for (const auto& p : procs) others += &p != &f && p.pid > 0;
+  std::fprintf(stderr, "error: %s (pid %d) %s%s%s%s\n", f.spec->label.c_str(), static_cast<int>(f.pid),
+               describe(f.status).c_str(), error_above ? " with the error above" : "",
+               others ? cat("; stopped the other ", others, " process(es)").c_str() : "",
+               tail.empty() ? "" : cat("; its last ", tail.size(), error_above ? " other" : "", " line(s):").c_str());
+  for (const auto& line : tail) std::fprintf(stderr, "  | %s\n", line.c_str());
+  if (!f.spec->log_path.empty()) std::fprintf(stderr, "  full output: %s\n", f.spec->log_path.c_str());
 }
 
 }  // namespace

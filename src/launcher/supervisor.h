@@ -18,6 +18,9 @@ namespace polytrain::launcher {
 struct ProcSpec {
   std::string label;              ///< "rank 3" / "worker-1": how messages name it
   std::string prefix;             ///< put before each relayed line ("[rank 3] "), may be empty
+  /// The worker's global rank, -1 for a runner (ssh, pdsh, mpirun, srun). A worker's `error: `
+  /// line that another worker already printed is left off the console (repeated_errors.h).
+  int rank = -1;
   std::vector<std::string> argv;  ///< argv[0] looked up on PATH
   std::vector<std::string> env;   ///< the complete environment, KEY=VALUE
   std::string log_path;           ///< also write its output here (created/truncated), or ""
@@ -50,7 +53,8 @@ struct Outcome {
 };
 
 /// Runs `procs` to completion. The first non-zero exit stops the others and is reported on
-/// stderr (which process, its exit code or signal, its last lines). SIGINT, SIGTERM and
+/// stderr (which process, its exit code or signal, its last lines but the error lines the
+/// console already shows, and which ranks printed the same error line). SIGINT, SIGTERM and
 /// SIGHUP to the launcher stop the group too.
 Outcome supervise(const std::vector<ProcSpec>& procs, const SuperviseOptions& opts);
 
