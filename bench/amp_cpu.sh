@@ -22,7 +22,7 @@ for level in fp32 bf16 O1 O2 O3; do
   /usr/bin/python3 - "$SIZE" "$level" "$STEPS" "$tmp/$level.json" <<'PY'
 import json, sys
 size, level, steps, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-c = json.load(open("configs/bert_tiny.json"))
+sys.path.insert(0, "scripts"); from shipped_config import load; c = load("bert_tiny.json")
 if size == "base":
     c["model"].update(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
     c["train_batch_size"] = c["train_micro_batch_size_per_gpu"] = 8

@@ -110,7 +110,7 @@ if [ -x build-gpu/train_gpt2 ]; then
     $PY - "$v" "${CURVE_STEPS:-200}" > "/tmp/curve_$v.json" <<'PY'
 import json, sys
 v, steps = sys.argv[1], int(sys.argv[2])
-c = json.load(open("configs/gpt2_tiny.json"))
+sys.path.insert(0, "scripts"); from shipped_config import load; c = load("gpt2_tiny.json")
 c["train_batch_size"] = c["train_micro_batch_size_per_gpu"] = 8
 c["model"].update({"n_positions": 1024, "n_embd": 768, "n_layer": 12, "n_head": 12,
                    "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
@@ -154,7 +154,7 @@ if [ -x build-gpu/train_gpt2 ]; then
     $PY - "$lvl" > "/tmp/amp_$lvl.json" <<'PY'
 import json, sys
 lvl = sys.argv[1]
-c = json.load(open("configs/gpt2_tiny.json"))
+sys.path.insert(0, "scripts"); from shipped_config import load; c = load("gpt2_tiny.json")
 c["train_batch_size"] = c["train_micro_batch_size_per_gpu"] = 16
 c["model"].update({"n_positions": 1024, "n_embd": 768, "n_layer": 12, "n_head": 12})
 c["data"]["max_seq_length"] = 1024

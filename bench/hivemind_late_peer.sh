@@ -17,7 +17,7 @@ trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$OUT"' EXIT
 cd "$ROOT"
 /usr/bin/python3 - "$OUT" <<'PY'
 import json, sys
-c = json.load(open("configs/bert_tiny.json"))
+sys.path.insert(0, "scripts"); from shipped_config import load; c = load("bert_tiny.json")
 c["model"]["hidden_dropout_prob"] = 0.0
 c["model"]["attention_probs_dropout_prob"] = 0.0
 c.pop("gradient_accumulation_steps", None)

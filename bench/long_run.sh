@@ -16,7 +16,8 @@ cd "$ROOT"
 TMP="$(mktemp -d /tmp/polytrain_long_run.XXXXXX)"
 pid=""
 trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$TMP"' EXIT
-sed 's/"trainer": {/"trainer": { "keep_last": 2,/' configs/bert_tiny.json >"$TMP/config.json"
+/usr/bin/python3 -c 'import json, sys; sys.path.insert(0, "scripts"); from shipped_config import load
+c = load("bert_tiny.json"); c["trainer"]["keep_last"] = 2; print(json.dumps(c))' >"$TMP/config.json"
 "$BUILD/train_bert" --config "$TMP/config.json" --max_steps "$STEPS" --save_interval 50 \
   --eval_interval 200 --log_interval 10 --save_dir "$TMP/ckpt" --experiments_dir "$TMP/exp" --no_progress_bar \
   >"$TMP/log" 2>&1 &

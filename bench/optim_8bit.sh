@@ -56,8 +56,11 @@ if [ "$WHAT" != kernels ]; then
     [ -x "$prog" ] || { echo "error: $prog not built" >&2; exit 2; }
     declare -A loss=()
     for type in AdamW AdamW8bit; do
-      sed "s/\"type\": \"AdamW\"/\"type\": \"$type\"/" "configs/${model}_tiny.json" >"$TMP/$model.$type.json"
-      grep -q "\"type\": \"$type\"" "$TMP/$model.$type.json" || { echo "error: no optimizer type in configs/${model}_tiny.json" >&2; exit 2; }
+      /usr/bin/python3 - "${model}_tiny.json" "$type" >"$TMP/$model.$type.json" <<'PY'
+import json, sys
+sys.path.insert(0, "scripts"); from shipped_config import load
+c = load(sys.argv[1]); c["optimizer"]["type"] = sys.argv[2]; print(json.dumps(c))
+PY
       start=$(date +%s)
       "$prog" --config "$TMP/$model.$type.json" --max_steps "$STEPS" --eval_interval "$STEPS" --save_interval 0 \
         --log_interval 50 --no_progress_bar --experiments_dir "$TMP/exp" --save_dir "$TMP/ckpt.$model.$type" \

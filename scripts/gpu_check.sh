@@ -65,7 +65,7 @@ if [ -x build-gpu/train_bert ]; then
   for p in fp32 fp16 bf16; do
     python3 - "$p" > "/tmp/bert_$p.json" <<'PY'
 import json, sys
-c = json.load(open("configs/bert_tiny.json"))
+sys.path.insert(0, "scripts"); from shipped_config import load; c = load("bert_tiny.json")
 c["model"]["hidden_dropout_prob"] = c["model"]["attention_probs_dropout_prob"] = 0.0
 if sys.argv[1] != "fp32":
     c[sys.argv[1]] = {"enabled": True}

@@ -1,24 +1,28 @@
 #!/usr/bin/env bash
 # A swarm on this machine (env_type hivemind): a monitor peer (hivemind_monitor, no model) and
-# N train_bert peers (default 4) started the way volunteers start them (no launcher: the
-# monitor's address is everyone's --initial_peers), training tiny BERT on the corpus with
-# target_batch_size 64, each peer on its own shuffled stream. Prints the monitor's line per
+# N peers (default 4; train_bert on configs/bert_tiny_hivemind.json, or PROGRAM on CONFIG)
+# started the way volunteers start them (no launcher: the monitor's address is everyone's
+# --initial_peers), training a tiny model on the corpus with target_batch_size 64, each peer on its own shuffled stream. Prints the monitor's line per
 # global step (the swarm's loss, alive peers, samples, samples/s); the monitor also writes
 # $OUT/monitor/metrics.jsonl, TensorBoard events and a checkpoint every 10 steps in
 # $OUT/monitor_ckpt (loadable with --load_dir). Logs stay in $OUT (default a temp dir).
 # With LATE=S, one more peer joins S seconds after the others started: it loads the swarm's
 # state from the peers (its log says from how many) and trains on with them.
-# Usage: [LATE=20] scripts/swarm_demo.sh [PEERS] [extra train_bert flags, e.g. --max_steps 40]
+# Usage: [LATE=20] [PROGRAM=train_gpt2 CONFIG=configs/gpt2_tiny_hivemind.json] scripts/swarm_demo.sh [PEERS]
+#        [extra flags of the training program, e.g. --max_steps 40]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${BUILD_DIR:-$ROOT/build}"
 PEERS="${1:-4}"
+PROGRAM="${PROGRAM:-train_bert}"
+CONFIG="${CONFIG:-configs/bert_tiny_hivemind.json}"
 shift || true
 cd "$ROOT"
-for b in train_bert hivemind_monitor; do
+for b in "$PROGRAM" hivemind_monitor; do
   [ -x "$BUILD/$b" ] || { echo "error: $BUILD/$b not built (cmake --build $BUILD --target $b)" >&2; exit 2; }
 done
 OUT="${OUT:-$(mktemp -d /tmp/polytrain_swarm.XXXXXX)}"
+mkdir -p "$OUT"
 PORT="${PORT:-31337}"
 RUN="demo-$$"
 pids=()
@@ -34,7 +38,7 @@ monitor=$!
 sleep 1
 net=(--listen 127.0.0.1:0 --initial_peers "127.0.0.1:$PORT")
 for ((k = 0; k < PEERS; k++)); do
-  OMP_NUM_THREADS=1 "$BUILD/train_bert" --config configs/bert_tiny_hivemind.json --run_id "$RUN" "${net[@]}" \
+  OMP_NUM_THREADS=1 "$BUILD/$PROGRAM" --config "$CONFIG" --run_id "$RUN" "${net[@]}" \
     --expected_peers "$PEERS" --experiments_dir "$OUT/exp" --experiment_name "peer$k" --save_dir "$OUT/peer$k" --no_progress_bar "$@" \
     >"$OUT/peer$k.log" 2>&1 &
   pids+=($!)
@@ -45,7 +49,7 @@ tailer=$!
 if [ -n "${LATE:-}" ]; then
   sleep "$LATE"
   echo "a late peer joins (peer$PEERS)"
-  OMP_NUM_THREADS=1 "$BUILD/train_bert" --config configs/bert_tiny_hivemind.json --run_id "$RUN" \
+  OMP_NUM_THREADS=1 "$BUILD/$PROGRAM" --config "$CONFIG" --run_id "$RUN" \
     --listen 127.0.0.1:0 --initial_peers "127.0.0.1:$PORT" --experiments_dir "$OUT/exp" --experiment_name "peer$PEERS" \
     --save_dir "$OUT/peer$PEERS" --no_progress_bar "$@" >"$OUT/peer$PEERS.log" 2>&1 &
   pids+=($!)
