@@ -22,6 +22,7 @@
 #include "polytrain/data/wordpiece.h"
 #include "polytrain/models/albert.h"
 #include "polytrain/models/hf_pretrained.h"
+#include "polytrain/trainer/hf_tokenizer_files.h"
 #include "polytrain/trainer/trainer.h"
 
 using namespace polytrain;
@@ -132,6 +133,12 @@ void inspect_batches(const SopBatchSource& source, const WordPieceTokenizer& tok
   std::printf("swapped %lld of %lld samples\n", static_cast<long long>(swapped), static_cast<long long>(total));
 }
 
+std::vector<std::string> wordpiece_vocab(const WordPieceTokenizer& tok) {
+  std::vector<std::string> vocab;
+  for (int64_t id = 0; id < tok.vocab_size(); ++id) vocab.push_back(tok.id_to_token(id));
+  return vocab;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -142,7 +149,7 @@ int main(int argc, char** argv) {
     std::string init_from, save_hf;
     int64_t inspect = 0;
     app.add_option("--init_from", init_from, "start from this HF ALBERT directory's weights and config.json");
-    app.add_option("--save_hf", save_hf, "after training, write the model to this directory in HF layout");
+    app.add_option("--save_hf", save_hf, "after training, write the model and its tokenizer (vocab.txt) to this directory in HF layout");
     app.add_option("--inspect_batches", inspect, "print N decoded sentence-order batches, then exit")
         ->check(CLI::NonNegativeNumber);
     if (!parse_cli(app, argc, argv)) return 0;
@@ -212,12 +219,10 @@ int main(int argc, char** argv) {
     trainer.flush();
     if (main_rank && !save_hf.empty()) {
       model->save_pretrained(save_hf);
-      std::printf("saved HF model to %s\n", save_hf.c_str());
+      save_wordpiece_tokenizer(save_hf, wordpiece_vocab(tok), tok.lowercase(), model_cfg.max_position_embeddings);
+      std::printf("saved HF model and tokenizer (vocab.txt) to %s\n", save_hf.c_str());
     }
-    if (main_rank)
-      std::printf("done: %lld steps, final loss %.4f, best eval loss %.4f, experiment %s, checkpoints %s\n",
-                  static_cast<long long>(result.steps), result.losses.empty() ? NAN : result.losses.back(),
-                  result.best_eval_loss, result.experiment_dir.c_str(), result.save_dir.c_str());
+    if (main_rank) std::printf("%s\n", result.done_line().c_str());
     return 0;
   });
 }

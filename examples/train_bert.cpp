@@ -1,6 +1,7 @@
 // train_bert: BERT (or RoBERTa) masked-LM pre-training on plain text, as a user writes it:
 // a Trainer subclass whose forward_step feeds the batch to the model. Everything else
-// (config, flags, data, loop, checkpoints) is the library's.
+// (config, flags, data, loop, checkpoints) is the library's. --init_from / --save_hf read and
+// write Hugging Face model directories (config.json + model.safetensors, and vocab.txt).
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -16,6 +17,7 @@
 #include "polytrain/data/text_dataset.h"
 #include "polytrain/data/wordpiece.h"
 #include "polytrain/models/bert.h"
+#include "polytrain/trainer/hf_tokenizer_files.h"
 #include "polytrain/trainer/trainer.h"
 
 using namespace polytrain;
@@ -31,6 +33,12 @@ class BertTrainer : public Trainer {
 };
 
 namespace {
+
+std::vector<std::string> wordpiece_vocab(const WordPieceTokenizer& tok) {
+  std::vector<std::string> vocab;
+  for (int64_t id = 0; id < tok.vocab_size(); ++id) vocab.push_back(tok.id_to_token(id));
+  return vocab;
+}
 
 // Prints n decoded masked batches and the mask rate, for a look at the data before training.
 void inspect_batches(const BatchSource& source, MlmCollator& collator, const WordPieceTokenizer& tok,
@@ -75,6 +83,10 @@ int main(int argc, char** argv) {
     ConfigFlags flags;
     add_config_flags(app, flags);
     int64_t inspect = 0;
+    std::string init_from, save_hf;
+    app.add_option("--init_from", init_from, "start from this HF BERT / RoBERTa directory's weights and config.json");
+    app.add_option("--save_hf", save_hf,
+                   "after training, write the model and its tokenizer (vocab.txt) to this directory in HF layout");
     app.add_option("--inspect_batches", inspect, "print N decoded masked batches and the mask rate, then exit")
         ->check(CLI::NonNegativeNumber);
     if (!parse_cli(app, argc, argv)) return 0;
@@ -113,12 +125,14 @@ int main(int argc, char** argv) {
       return 0;
     }
 
-    BertForMaskedLM model(cfg.model);
+    BertForMaskedLM model = init_from.empty() ? BertForMaskedLM(cfg.model) : BertForMaskedLMImpl::from_pretrained(init_from);
     auto result = trainer.train(model.ptr(), train, eval.size() > 0 ? &eval : nullptr);
-    if (main_rank)
-      std::printf("done: %lld steps, final loss %.4f, best eval loss %.4f, experiment %s, checkpoints %s\n",
-                static_cast<long long>(result.steps), result.losses.empty() ? NAN : result.losses.back(),
-                result.best_eval_loss, result.experiment_dir.c_str(), result.save_dir.c_str());
+    if (main_rank && !save_hf.empty()) {
+      model->save_pretrained(save_hf);
+      save_wordpiece_tokenizer(save_hf, wordpiece_vocab(tok), tok.lowercase(), model->config_.max_position_embeddings);
+      std::printf("saved HF model and tokenizer (vocab.txt) to %s\n", save_hf.c_str());
+    }
+    if (main_rank) std::printf("%s\n", result.done_line().c_str());
     return 0;
   });
 }

@@ -18,6 +18,7 @@
 #include "polytrain/data/text_dataset.h"
 #include "polytrain/models/gpt2.h"
 #include "polytrain/models/hf_pretrained.h"
+#include "polytrain/trainer/hf_tokenizer_files.h"
 #include "polytrain/trainer/trainer.h"
 
 using namespace polytrain;
@@ -40,7 +41,7 @@ int main(int argc, char** argv) {
     std::string merges, init_from, save_hf;
     app.add_option("--merges", merges, "GPT-2 vocab.bpe (default: vocab.bpe beside data.vocab_file)");
     app.add_option("--init_from", init_from, "start from this HF GPT-2 directory's weights and config.json");
-    app.add_option("--save_hf", save_hf, "after training, write the model to this directory in HF layout");
+    app.add_option("--save_hf", save_hf, "after training, write the model and its tokenizer (vocab.json + merges.txt) to this directory in HF layout");
     if (!parse_cli(app, argc, argv)) return 0;
     Config cfg = build_config(flags);
     if (flags.print_config) {
@@ -81,12 +82,10 @@ int main(int argc, char** argv) {
     auto result = trainer.train(model.ptr(), train, eval.size() > 0 ? &eval : nullptr);
     if (main_rank && !save_hf.empty()) {
       model->save_pretrained(save_hf);
-      std::printf("saved HF model to %s\n", save_hf.c_str());
+      save_gpt2_tokenizer(save_hf, cfg.data.vocab_file, merges, model_cfg.n_positions);
+      std::printf("saved HF model and tokenizer (vocab.json, merges.txt) to %s\n", save_hf.c_str());
     }
-    if (main_rank)
-      std::printf("done: %lld steps, final loss %.4f, best eval loss %.4f, experiment %s, checkpoints %s\n",
-                  static_cast<long long>(result.steps), result.losses.empty() ? NAN : result.losses.back(),
-                  result.best_eval_loss, result.experiment_dir.c_str(), result.save_dir.c_str());
+    if (main_rank) std::printf("%s\n", result.done_line().c_str());
     return 0;
   });
 }

@@ -17,6 +17,7 @@
 #include "polytrain/data/text_dataset.h"
 #include "polytrain/models/hf_pretrained.h"
 #include "polytrain/models/t5.h"
+#include "polytrain/trainer/hf_tokenizer_files.h"
 #include "polytrain/trainer/trainer.h"
 
 using namespace polytrain;
@@ -68,7 +69,7 @@ int main(int argc, char** argv) {
     app.add_option("--noise_density", span.noise_density, "share of tokens masked (T5: 0.15)");
     app.add_option("--mean_noise_span_length", span.mean_noise_span_length, "mean masked span length (T5: 3)");
     app.add_option("--init_from", init_from, "start from this HF T5 directory's weights and config.json");
-    app.add_option("--save_hf", save_hf, "after training, write the model to this directory in HF layout");
+    app.add_option("--save_hf", save_hf, "after training, write the model and its tokenizer (spiece.model) to this directory in HF layout");
     app.add_option("--inspect_batches", inspect, "print N decoded corrupted batches, then exit")
         ->check(CLI::NonNegativeNumber);
     if (!parse_cli(app, argc, argv)) return 0;
@@ -124,12 +125,10 @@ int main(int argc, char** argv) {
     auto result = trainer.train(model.ptr(), train, eval.size() > 0 ? &eval : nullptr);
     if (main_rank && !save_hf.empty()) {
       model->save_pretrained(save_hf);
-      std::printf("saved HF model to %s\n", save_hf.c_str());
+      save_t5_tokenizer(save_hf, spm_model, tok.extra_ids(), cfg.data.max_seq_length);
+      std::printf("saved HF model and tokenizer (spiece.model) to %s\n", save_hf.c_str());
     }
-    if (main_rank)
-      std::printf("done: %lld steps, final loss %.4f, best eval loss %.4f, experiment %s, checkpoints %s\n",
-                  static_cast<long long>(result.steps), result.losses.empty() ? NAN : result.losses.back(),
-                  result.best_eval_loss, result.experiment_dir.c_str(), result.save_dir.c_str());
+    if (main_rank) std::printf("%s\n", result.done_line().c_str());
     return 0;
   });
 }

@@ -13,6 +13,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include <torch/nn/module.h>
@@ -21,6 +24,7 @@
 #include "polytrain/common/atomic_file.h"
 #include "polytrain/common/config.h"
 #include "polytrain/common/crc32c.h"
+#include "polytrain/common/disk_space.h"
 #include "polytrain/common/error.h"
 #include "polytrain/common/fault.h"
 #include "polytrain/checkpoint/archive_codec.h"
@@ -35,6 +39,21 @@ namespace {
 const char* const kMarker = "complete.json";
 
 std::string receipt_name(int64_t rank) { return "rank_" + std::to_string(rank) + ".files.json"; }
+
+// Bytes of the files of the checkpoint `latest` names in `dir` (its marker lists them); 0 when
+// there is none or it cannot be read. The best estimate of what the next one needs.
+uint64_t latest_checkpoint_bytes(const std::string& dir, std::string* tag) {
+  if (!fs::exists(fs::path(dir) / "latest")) return 0;
+  try {
+    *tag = latest_checkpoint_tag(dir);
+    const CheckpointReader ck(dir, *tag);
+    uint64_t total = 0;
+    for (const auto& [name, rec] : ck.meta()["files"].items()) total += rec["size"].get<uint64_t>();
+    return total;
+  } catch (const InputError&) {
+    return 0;
+  }
+}
 
 }  // namespace
 
@@ -53,10 +72,59 @@ CheckpointWriter::CheckpointWriter(std::string dir, std::string tag, CheckpointG
   group_.barrier();
 }
 
+CheckpointWriter::~CheckpointWriter() {
+  if (committed_) return;
+  std::error_code ec;
+  fs::remove_all(tmp_, ec);  // any rank may: the job fails with it
+}
+
 void CheckpointWriter::write_file(const std::string& name, const std::string& bytes) {
-  atomic_write_file((fs::path(tmp_) / name).string(), bytes);
+  try {
+    atomic_write_file((fs::path(tmp_) / name).string(), bytes);
+  } catch (const NoSpaceError& e) {
+    out_of_space(name, bytes.size(), e.what());
+  }
   files_[name] = {{"size", bytes.size()}, {"crc32c", crc32c(bytes.data(), bytes.size())}};
+  written_ += bytes.size();
   fault_point("checkpoint");
+}
+
+void CheckpointWriter::produce_file(const std::string& name, const std::function<void(const std::string&)>& produce,
+                                    uint64_t expected_bytes) {
+  try {
+    produce((fs::path(tmp_) / name).string());
+  } catch (const NoSpaceError& e) {
+    out_of_space(name, expected_bytes, e.what());
+  }
+  add_file(name);
+}
+
+static std::string bytes_text(uint64_t n) {
+  char mb[32];
+  std::snprintf(mb, sizeof mb, "%.1f MB", static_cast<double>(n) / 1e6);
+  return std::to_string(n) + " bytes (" + mb + ")";
+}
+
+// One line: what failed, what the checkpoint needs (at least this rank's files so far plus the
+// one that failed; the last complete checkpoint's size when that is more), what is free, and
+// that nothing of this save is left behind.
+void CheckpointWriter::out_of_space(const std::string& name, uint64_t file_bytes, const std::string& why) {
+  std::error_code ec;
+  fs::remove_all(tmp_, ec);
+  std::string previous_tag;
+  const uint64_t previous = latest_checkpoint_bytes(dir_, &previous_tag);
+  const uint64_t attempted = written_ + file_bytes;
+  std::string basis = "this rank's files up to " + name + " take " + std::to_string(attempted);
+  if (previous > 0) basis += ", the last complete checkpoint " + previous_tag + " holds " + std::to_string(previous);
+  std::string cause = why.substr(why.rfind(": ") + 2);
+  if (cause == std::strerror(EFBIG)) cause += ": past this process's file-size limit, ulimit -f";
+  const int64_t free_bytes = free_disk_bytes(dir_);
+  throw InputError(detail::cat(
+      "checkpoint ", (fs::path(dir_) / tag_).string(), ": out of space writing ", name, " (", cause,
+      "): the checkpoint needs about ", bytes_text(std::max(previous, attempted)), " (", basis, "), the file system of ",
+      dir_, " has ", free_bytes < 0 ? std::string("an unknown number of bytes") : bytes_text(free_bytes), " free; removed ",
+      tmp_, previous > 0 ? ", the previous checkpoint and 'latest' are unchanged" : ", no earlier checkpoint is there",
+      "; free space, or save elsewhere with --save_dir"));
 }
 
 void CheckpointWriter::write_archive(const std::string& name, torch::serialize::OutputArchive& archive) {
@@ -66,10 +134,11 @@ void CheckpointWriter::write_archive(const std::string& name, torch::serialize::
 void CheckpointWriter::add_file(const std::string& name) {
   const std::string bytes = read_file((fs::path(tmp_) / name).string());
   files_[name] = {{"size", bytes.size()}, {"crc32c", crc32c(bytes.data(), bytes.size())}};
+  written_ += bytes.size();
 }
 
 void CheckpointWriter::commit(const nlohmann::json& meta, bool set_latest) {
-  atomic_write_file((fs::path(tmp_) / receipt_name(group_.rank)).string(), files_.dump() + "\n");
+  write_small(receipt_name(group_.rank), files_.dump() + "\n");
   group_.barrier();
   if (group_.commits) {
     nlohmann::json m = meta;
@@ -86,7 +155,7 @@ void CheckpointWriter::commit(const nlohmann::json& meta, bool set_latest) {
         m["files"][name]["rank"] = r;
       }
     }
-    atomic_write_file((fs::path(tmp_) / kMarker).string(), m.dump(2) + "\n");
+    write_small(kMarker, m.dump(2) + "\n");
     fsync_dir(tmp_);
     const fs::path final_dir = fs::path(dir_) / tag_;
     const fs::path old_dir = fs::path(dir_) / (tag_ + ".old." + std::to_string(::getpid()));
@@ -103,6 +172,16 @@ void CheckpointWriter::commit(const nlohmann::json& meta, bool set_latest) {
     }
   }
   group_.barrier();
+  committed_ = true;
+}
+
+// A receipt or the marker: not listed among the checkpoint's files.
+void CheckpointWriter::write_small(const std::string& name, const std::string& bytes) {
+  try {
+    atomic_write_file((fs::path(tmp_) / name).string(), bytes);
+  } catch (const NoSpaceError& e) {
+    out_of_space(name, bytes.size(), e.what());
+  }
 }
 
 CheckpointReader::CheckpointReader(const std::string& dir, const std::string& tag)

@@ -6,6 +6,8 @@
 // (grid shape, every file's size and checksum, the caller's metadata), renames the folder into
 // place and moves `latest`. Only a checkpoint with its marker is loadable; a kill at any point
 // leaves the previous one and `latest` intact (llm.c's per-rank state + DONE file protocol).
+// A save that fails (a full disk included) removes its <tag>.tmp folder; running out of space
+// is an InputError stating the bytes the checkpoint needs and the bytes free there.
 // What goes into each file is the caller's.
 #pragma once
 
@@ -37,20 +39,33 @@ class CheckpointWriter {
   /// Barrier; the committing rank clears <dir>/<tag>.tmp from an earlier interrupted save and
   /// creates it; barrier.
   CheckpointWriter(std::string dir, std::string tag, CheckpointGroup group);
+  /// Without commit() (an exception on its way): removes <tag>.tmp.
+  ~CheckpointWriter();
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
   /// Writes <tmp>/<name> atomically (fsynced) and records it in this rank's receipt.
   void write_file(const std::string& name, const std::string& bytes);
   void write_archive(const std::string& name, torch::serialize::OutputArchive& archive);
   /// Records a file the caller wrote into tmp_dir() itself (e.g. safetensors).
   void add_file(const std::string& name);
+  /// `produce` writes tmp_dir()/name (its path is passed); then add_file(name). A NoSpaceError
+  /// inside becomes the checkpoint's out-of-space error, as for write_file.
+  void produce_file(const std::string& name, const std::function<void(const std::string& path)>& produce,
+                    uint64_t expected_bytes);
   std::string tmp_dir() const { return tmp_; }
   /// Writes this rank's receipt; barrier; the committing rank writes complete.json with `meta`,
   /// renames the folder into place and (when set_latest) points `latest` at it; barrier.
   void commit(const nlohmann::json& meta, bool set_latest);
 
  private:
+  void write_small(const std::string& name, const std::string& bytes);
+  [[noreturn]] void out_of_space(const std::string& name, uint64_t file_bytes, const std::string& why);
+
   std::string dir_, tag_, tmp_;
   CheckpointGroup group_;
   nlohmann::json files_ = nlohmann::json::object();
+  uint64_t written_ = 0;   ///< bytes of this rank's files so far
+  bool committed_ = false;
 };
 
 /// A verified checkpoint: complete.json read and checked; files are checked against it when

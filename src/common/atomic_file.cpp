@@ -5,6 +5,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -13,6 +14,7 @@
 #include <streambuf>
 #include <vector>
 
+#include "polytrain/common/disk_space.h"
 #include "polytrain/common/error.h"
 
 namespace polytrain {
@@ -20,8 +22,12 @@ namespace {
 
 std::string errno_text(int err) { return std::strerror(err); }
 
+// A full disk (or quota, or file-size limit) is the user's to fix: NoSpaceError, which callers
+// that know what the write needed extend; anything else is an InternalError.
 [[noreturn]] void throw_sys(const std::string& what, const std::string& path, int err) {
-  throw InternalError(detail::cat(what, " ", path, ": ", errno_text(err)));
+  const std::string msg = detail::cat(what, " ", path, ": ", errno_text(err));
+  if (is_no_space_errno(err)) throw NoSpaceError(msg);
+  throw InternalError(msg);
 }
 
 // Writes everything or returns the errno of the failure (0 on success); retries EINTR and
@@ -91,6 +97,14 @@ bool is_directory(const std::string& dir) {
 }
 
 }  // namespace
+
+bool is_no_space_errno(int err) { return err == ENOSPC || err == EDQUOT || err == EFBIG; }
+
+int64_t free_disk_bytes(const std::string& path) {
+  struct statvfs st;
+  if (::statvfs(path.c_str(), &st) != 0) return -1;
+  return static_cast<int64_t>(st.f_bavail) * static_cast<int64_t>(st.f_frsize);
+}
 
 std::string parent_dir(const std::string& path) {
   auto slash = path.find_last_of('/');

@@ -15,9 +15,10 @@ void atomic_write_file(const std::string& path, const std::string& bytes);
 /// Atomically replaces `path` with what `writer` streams: writes `path.tmp.<pid>` in the same
 /// directory, flushes and fsyncs it, renames it over `path`, fsyncs the directory. On any
 /// failure the temporary file is removed and `path` is left as it was; an exception thrown
-/// by `writer` propagates unchanged, a failed system call throws InternalError naming the
-/// path and strerror. A missing directory throws InputError. The new file gets mode
-/// 0666 & ~umask (an existing file's mode is not carried over).
+/// by `writer` propagates unchanged, a system call that fails for want of space (ENOSPC,
+/// EDQUOT, EFBIG) throws NoSpaceError (an InputError, disk_space.h), another failed call
+/// InternalError naming the path and strerror. A missing directory throws InputError. The
+/// new file gets mode 0666 & ~umask (an existing file's mode is not carried over).
 void atomic_write_file(const std::string& path,
                        const std::function<void(std::ostream&)>& writer);
 

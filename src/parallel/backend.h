@@ -109,6 +109,9 @@ class Backend {
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
   virtual const RankContext& context() const = 0;
+  /// The collective library under the ranks' communicator ("gloo", "mpi", "nccl"); "" for a
+  /// backend without one (one process, a swarm).
+  virtual std::string comm_engine() const { return ""; }
 
   /// Wraps, replaces or shards the model in place and builds the optimizer over what this
   /// rank owns. Called once, before any state is loaded.

@@ -23,16 +23,19 @@ bool launcher_tty() {
 
 namespace fs = std::filesystem;
 
+std::string tensorboard_dir(const Config& cfg, const std::string& experiment_dir) {
+  if (cfg.tensorboard.enabled && !cfg.tensorboard.output_path.empty())
+    return (fs::path(cfg.tensorboard.output_path) / cfg.tensorboard.job_name).string();
+  return (fs::path(experiment_dir) / "tensorboard").string();
+}
+
 MetricsLogger::MetricsLogger(const Config& cfg, const std::string& experiment_dir, bool enabled)
     : enabled_(enabled), tty_(::isatty(STDERR_FILENO) != 0 || launcher_tty()), progress_bar_(cfg.trainer.progress_bar) {
   if (!enabled_) return;
   const std::string jsonl = (fs::path(experiment_dir) / "metrics.jsonl").string();
   jsonl_ = std::fopen(jsonl.c_str(), "a");
   PT_INPUT_CHECK(jsonl_, "cannot open ", jsonl, " for writing");
-  std::string tb_dir = (fs::path(experiment_dir) / "tensorboard").string();
-  if (cfg.tensorboard.enabled && !cfg.tensorboard.output_path.empty())
-    tb_dir = (fs::path(cfg.tensorboard.output_path) / cfg.tensorboard.job_name).string();
-  tb_ = std::make_unique<TensorBoardWriter>(tb_dir);
+  tb_ = std::make_unique<TensorBoardWriter>(tensorboard_dir(cfg, experiment_dir));
   if (cfg.csv_monitor.enabled) {
     csv_dir_ = cfg.csv_monitor.output_path.empty()
                    ? (fs::path(experiment_dir) / "csv").string()
@@ -73,6 +76,12 @@ void MetricsLogger::record(int64_t step, const nlohmann::json& fields, const std
     }
   }
   tb_->flush();
+}
+
+void MetricsLogger::note(const nlohmann::json& record) {
+  if (!enabled_) return;
+  std::fprintf(jsonl_, "%s\n", record.dump().c_str());
+  std::fflush(jsonl_);
 }
 
 void MetricsLogger::print_line(const std::string& line) {

@@ -17,6 +17,10 @@ namespace polytrain {
 
 class TensorBoardWriter;
 
+/// Where the TensorBoard events of a run go: tensorboard.output_path/job_name when that block
+/// is enabled, else <experiment_dir>/tensorboard.
+std::string tensorboard_dir(const Config& cfg, const std::string& experiment_dir);
+
 class MetricsLogger {
  public:
   /// enabled=false (ranks other than 0) makes every call a no-op.
@@ -26,6 +30,9 @@ class MetricsLogger {
   /// One JSON record into metrics.jsonl; numeric fields also go to TensorBoard under
   /// `prefix + key` and to CSV when csv_monitor is enabled.
   void record(int64_t step, const nlohmann::json& fields, const std::string& prefix);
+
+  /// One JSON record into metrics.jsonl only, as it is (the run's summary).
+  void note(const nlohmann::json& record);
 
   /// Console line (clears the progress bar first).
   void print_line(const std::string& line);

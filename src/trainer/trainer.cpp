@@ -40,6 +40,8 @@
 #include "polytrain/parallel/backend.h"
 #include "polytrain/checkpoint/checkpoint.h"
 #include "polytrain/trainer/experiment.h"
+#include "polytrain/trainer/interrupt_note.h"
+#include "polytrain/trainer/run_summary.h"
 #include "polytrain/optim/lr_schedule.h"
 #include "polytrain/trainer/metrics.h"
 
@@ -107,6 +109,26 @@ std::string describe_amp(const AmpPlan& a, const std::string& level) {
   return s;
 }
 
+std::string human_seconds(double s) {
+  if (s < 60) return fmt("%.1fs", s);
+  const long t = std::lround(s);
+  if (t < 3600) return std::to_string(t / 60) + "m" + fmt("%02.0f", static_cast<double>(t % 60)) + "s";
+  return std::to_string(t / 3600) + "h" + fmt("%02.0f", static_cast<double>(t / 60 % 60)) + "m";
+}
+
+// The experiment folder the latest checkpoint in `dir` was saved from; "" when none is recorded
+// or the checkpoint cannot be read (resume() then reports what is wrong with it).
+std::string recorded_experiment(const std::string& dir) {
+  if (dir.empty() || !fs::exists(fs::path(dir) / "latest")) return "";
+  try {
+    const CheckpointReader ck(dir, latest_checkpoint_tag(dir));
+    const auto& m = ck.meta();
+    if (m.contains("experiment_dir") && m["experiment_dir"].is_string()) return m["experiment_dir"].get<std::string>();
+  } catch (const InputError&) {
+  }
+  return "";
+}
+
 at::Tensor cpu_rng_state() {
   auto rng = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(rng.mutex());
@@ -152,6 +174,16 @@ Trainer::Trainer(Config cfg)
 }
 
 Trainer::~Trainer() = default;
+
+std::string TrainResult::done_line() const {
+  std::string s = "done: " + std::to_string(steps) + " steps, ";
+  if (losses.empty())
+    s += "no step left to take (already at step " + std::to_string(steps) + "; raise --max_steps to train further)";
+  else
+    s += "final loss " + fmt("%.4f", losses.back());
+  if (!std::isnan(best_eval_loss)) s += ", best eval loss " + fmt("%.4f", best_eval_loss);
+  return s + ", experiment " + experiment_dir + ", checkpoints " + save_dir;
+}
 
 void Trainer::set_backend(std::unique_ptr<Backend> backend) {
   PT_CHECK(!prepared_, "set_backend() after train() started");
@@ -229,10 +261,12 @@ void Trainer::save(torch::nn::Module& model, const std::string& tag, const Sampl
       std::set<std::string> params;
       for (const auto& p : model.named_parameters(true)) params.insert(p.key());
       std::vector<std::pair<std::string, torch::Tensor>> tensors;
+      uint64_t bytes = 0;
       for (const auto& [name, t] : full)
-        if (params.count(name)) tensors.emplace_back(name, t.detach().cpu());
-      save_safetensors((fs::path(w.tmp_dir()) / "model.safetensors").string(), tensors, {{"format", "pt"}});
-      w.add_file("model.safetensors");
+        if (params.count(name)) tensors.emplace_back(name, t.detach().cpu()), bytes += t.nbytes();
+      w.produce_file(
+          "model.safetensors", [&](const std::string& path) { save_safetensors(path, tensors, {{"format", "pt"}}); },
+          bytes);
     }
   }
   if (b.writes_shard()) {
@@ -254,10 +288,13 @@ void Trainer::save(torch::nn::Module& model, const std::string& tag, const Sampl
       {"dp_size", ctx.dp_size},
       {"grid", {{"world", ctx.world_size}, {"tp", ctx.tp_size}, {"dp", ctx.dp_size}, {"pp", ctx.pp_size}}},
       {"env_type", b.name()},
+      {"experiment_dir", experiment_dir_.empty() ? nlohmann::json(nullptr)
+                                                 : nlohmann::json(fs::absolute(experiment_dir_).lexically_normal().string())},
       {"config", config_to_json(cfg_)}};
   const bool is_best = tag == "best";
   w.commit(meta, /*set_latest=*/!is_best);
   if (is_best) return;
+  interrupt_->set_checkpoint(save_dir_, tag);
   saved_tags_.push_back(tag);
   while (cfg_.trainer.keep_last > 0 && static_cast<int64_t>(saved_tags_.size()) > cfg_.trainer.keep_last) {
     if (ctx.commits_checkpoints) remove_checkpoint(save_dir_, saved_tags_.front());
@@ -314,17 +351,59 @@ void Trainer::setup(const std::shared_ptr<torch::nn::Module>& model, const Batch
                        "block) is on, but this model does not implement polytrain::ActivationCheckpointing");
     ac->set_activation_checkpointing(true);
   }
+  const int64_t parameters = count_parameters(*model);  // whole: the backend may shard it
+  tokens_per_sample_ = tokens_per_sample(train_data);
   // The backend checks the model against its layout (a tensor-parallel plan, ...) before
   // anything is written.
   b.prepare(model, cfg_);
   prepared_ = true;
-  if (ctx.writes_logs) experiment_dir_ = create_experiment_dir(opts, config_to_json(cfg_));
-  // Every rank writes into the same checkpoint folder; only the folder's creator knows its name.
-  save_dir_ = opts.save_dir.empty() ? b.share((fs::path(experiment_dir_) / "checkpoints").string()) : opts.save_dir;
-  metrics_ = std::make_unique<MetricsLogger>(cfg_, experiment_dir_, ctx.writes_logs);
+  open_experiment();
+  print_run_summary(parameters);
   if (amp.enabled) metrics_->print_line(describe_amp(amp, cfg_.amp.opt_level));
   model->train();
   schedule_ = make_lr_schedule(cfg_.scheduler, cfg_.optimizer.lr);
+}
+
+// The experiment folder: the resumed run's when this run continues it (experiment.h), else a
+// new one; then the checkpoint folder and the metric sinks.
+void Trainer::open_experiment() {
+  Backend& b = *backend_;
+  const RankContext& ctx = b.context();
+  const auto& opts = cfg_.trainer;
+  if (ctx.writes_logs) {
+    experiment_dir_ = continued_experiment_dir(opts, recorded_experiment(opts.load_dir));
+    experiment_created_ = experiment_dir_.empty();
+    if (experiment_created_) experiment_dir_ = create_experiment_dir(opts, config_to_json(cfg_));
+  }
+  // Every rank writes into the same checkpoint folder; only the folder's creator knows its name.
+  save_dir_ = opts.save_dir.empty() ? b.share((fs::path(experiment_dir_) / "checkpoints").string()) : opts.save_dir;
+  metrics_ = std::make_unique<MetricsLogger>(cfg_, experiment_dir_, ctx.writes_logs);
+  interrupt_ = std::make_unique<InterruptNote>(ctx.writes_logs);
+}
+
+// One line before the first step, on the console and in metrics.jsonl (run_summary.h), printed
+// first so that a run that dies is found.
+void Trainer::print_run_summary(int64_t parameters) {
+  Backend& b = *backend_;
+  const std::string& type = cfg_.trainer.env_type;
+  RunFacts f;
+  f.env_type = type;
+  f.ctx = b.context();
+  f.swarm = b.data_shard().own_stream;
+  f.global_batch = b.global_batch();
+  f.tokens_per_sample = tokens_per_sample_;
+  f.parameters = parameters;
+  if (type == "deepspeed" || type == "deepspeed+mpu") {
+    f.zero_stage = cfg_.zero_optimization.stage;
+    f.offload_optimizer = cfg_.zero_optimization.offload_optimizer.device;
+  }
+  f.comm = comm_engine(cfg_, b);
+  f.experiment_dir = experiment_dir_;
+  f.continued = !experiment_created_;
+  f.save_dir = save_dir_;
+  f.tensorboard_dir = tensorboard_dir(cfg_, experiment_dir_);
+  metrics_->print_line(run_summary_line(f));
+  metrics_->note(run_summary_record(f, step_));
 }
 
 void Trainer::resume(torch::nn::Module& model, SampleStream& stream) {
@@ -379,6 +458,8 @@ void Trainer::resume(torch::nn::Module& model, SampleStream& stream) {
     best_eval_loss_ = meta["best_eval_loss"].get<double>();
   metrics_->print_line("resumed from " + opts.load_dir + "/" + tag + " at step " + std::to_string(step_) +
                        " (saved at world size " + std::to_string(saved_world) + ")");
+  interrupt_->set_checkpoint(opts.load_dir, tag);
+  interrupt_->set_step(step_);
 }
 
 StepResult Trainer::train_step(torch::nn::Module& model, const BatchSource& data, SampleStream& stream,
@@ -451,16 +532,21 @@ void Trainer::record_step(const StepResult& r, double loss, double lr) {
   } else if (r.outcome == StepOutcome::kSkippedNonFinite) {
     metrics_->print_line("step " + std::to_string(step_) + ": non-finite gradients, update skipped");
   }
+  interrupt_->set_step(step_);
   ++interval_steps_;
   const double ms_per_step = interval_ms_[0] / static_cast<double>(interval_steps_);
   metrics_->progress(step_, total_steps_, loss, ms_per_step);
   const auto& opts = cfg_.trainer;
   if (!((opts.log_interval > 0 && step_ % opts.log_interval == 0) || step_ >= total_steps_)) return;
   const double samples_per_s = 1000.0 * static_cast<double>(r.samples) / ms_per_step;
+  const double tokens_per_s = samples_per_s * static_cast<double>(tokens_per_sample_);
+  const double elapsed_s = std::chrono::duration<double>(Clock::now() - started_).count();
   nlohmann::json fields = {{"loss", loss},
                            {"lr", lr},
                            {"grad_norm", r.grad_norm},
                            {"samples_per_second", samples_per_s},
+                           {"tokens_per_second", tokens_per_s},
+                           {"elapsed_s", elapsed_s},
                            {"ms_per_step", ms_per_step},
                            {"epoch", epoch_},
                            {"skipped_steps", skipped_steps_},
@@ -468,6 +554,8 @@ void Trainer::record_step(const StepResult& r, double loss, double lr) {
   std::string line = "step " + std::to_string(step_) + "/" + std::to_string(total_steps_) + " | " +
                      fmt("%.1f", ms_per_step) + " ms/step | lr " + fmt("%.3e", lr) + " | loss " + fmt("%.4f", loss) +
                      " | " + fmt("%.1f", samples_per_s) + " samples/s" +
+                     (tokens_per_sample_ > 0 ? " | " + fmt("%.0f", tokens_per_s) + " tokens/s" : "") +
+                     " | elapsed " + human_seconds(elapsed_s) +
                      (scaler_ ? " | loss scale " + fmt("%.0f", scaler_->scale()) : "");
 #ifdef POLYTRAIN_WITH_CUDA
   if (backend_->context().device.is_cuda()) {  // the caching allocator's peak since the start
@@ -506,11 +594,30 @@ void Trainer::record_step(const StepResult& r, double loss, double lr) {
 TrainResult Trainer::train(std::shared_ptr<torch::nn::Module> model, const BatchSource& train_data,
                            const BatchSource* eval_data) {
   PT_CHECK(model, "train() needs a model");
-  setup(model, train_data);
+  started_ = Clock::now();
+  try {
+    setup(model, train_data);
+    TrainResult result = run_loop(*model, train_data, eval_data);
+    interrupt_.reset();
+    return result;
+  } catch (...) {
+    interrupt_.reset();
+    // A run that failed before its first step leaves no empty folder behind.
+    if (experiment_created_ && steps_run_ == 0) {
+      metrics_.reset();
+      remove_experiment_dir(experiment_dir_);
+      experiment_created_ = false;
+    }
+    throw;
+  }
+}
+
+TrainResult Trainer::run_loop(torch::nn::Module& model, const BatchSource& train_data,
+                              const BatchSource* eval_data) {
   const DataShard shard = backend_->data_shard();
   SampleStream stream(train_data.size(), shard.order_seed ? shard.order_seed : cfg_.trainer.seed,
                       cfg_.batch.train_batch_size, shard.member, shard.members, shard.own_stream);
-  resume(*model, stream);
+  resume(model, stream);
   if (const int64_t joined = backend_->catch_up(step_); joined > step_) {
     applied_ += joined - step_;  // the swarm's updates, loaded with its state
     step_ = joined;
@@ -533,17 +640,18 @@ TrainResult Trainer::train(std::shared_ptr<torch::nn::Module> model, const Batch
     const auto t0 = Clock::now();
     const StepRequest request{schedule_->lr(applied_), schedule_->momentum(applied_), scaler_ ? scaler_->scale() : 1.0};
     double loss = 0.0;
-    const StepResult r = train_step(*model, train_data, stream, request, &loss);
+    const StepResult r = train_step(model, train_data, stream, request, &loss);
     interval_ms_[0] += ms_since(t0);
     result.losses.push_back(loss);
+    ++steps_run_;
     record_step(r, loss, request.lr);
     if (eval_data && opts.eval_interval > 0 && (step_ % opts.eval_interval == 0 || step_ >= total_steps_))
-      run_eval_and_record(*model, *eval_data, stream);
+      run_eval_and_record(model, *eval_data, stream);
     if ((opts.save_interval > 0 && step_ % opts.save_interval == 0) || step_ >= total_steps_)
-      save(*model, step_tag(step_), stream);
+      save(model, step_tag(step_), stream);
   }
   metrics_->finish();
-  backend_->release_model(*model);  // a split model is whole again (collective)
+  backend_->release_model(model);  // a split model is whole again (collective)
   result.steps = step_;
   result.skipped_steps = skipped_steps_;
   result.loss_scale = scaler_ ? scaler_->scale() : 1.0;

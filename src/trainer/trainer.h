@@ -4,6 +4,7 @@
 // the run folder in experiment.h.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -21,6 +22,7 @@
 namespace polytrain {
 
 class Backend;
+class InterruptNote;
 class LrSchedule;
 class MetricsLogger;
 class SampleStream;
@@ -36,6 +38,10 @@ struct TrainResult {
   double best_eval_loss = 0.0;   ///< NaN when no evaluation ran
   std::string experiment_dir;    ///< this run's folder
   std::string save_dir;          ///< where checkpoints went
+
+  /// The examples' last line: "done: N steps, final loss L, best eval loss E, experiment D,
+  /// checkpoints C"; a run that had no step left to take says so instead of a loss.
+  std::string done_line() const;
 };
 
 struct EvalResult {
@@ -76,6 +82,9 @@ class Trainer {
  private:
   Backend& backend();
   void setup(const std::shared_ptr<torch::nn::Module>& model, const BatchSource& train_data);
+  void open_experiment();
+  void print_run_summary(int64_t parameters);
+  TrainResult run_loop(torch::nn::Module& model, const BatchSource& train_data, const BatchSource* eval_data);
   void resume(torch::nn::Module& model, SampleStream& stream);
   StepResult train_step(torch::nn::Module& model, const BatchSource& data, SampleStream& stream,
                         const StepRequest& request, double* loss);
@@ -89,7 +98,12 @@ class Trainer {
   std::unique_ptr<LrSchedule> schedule_;
   std::optional<LossScaler> scaler_;  ///< fp16 only
   std::string experiment_dir_;
+  bool experiment_created_ = false;  ///< experiment_dir_ is this run's own (not a resumed run's)
   std::string save_dir_;
+  std::unique_ptr<InterruptNote> interrupt_;
+  int64_t steps_run_ = 0;          ///< steps taken by this train() call
+  int64_t tokens_per_sample_ = 0;  ///< input_ids length of a training sample (0: no input_ids)
+  std::chrono::steady_clock::time_point started_;
   std::vector<std::string> saved_tags_;
   // Progress (saved in checkpoints):
   int64_t step_ = 0;           ///< optimizer steps taken (the backend's global step)

@@ -25,6 +25,7 @@ class DdpBackend : public ReplicatedBackend {
   explicit DdpBackend(const Config& cfg, std::unique_ptr<Communicator> world = nullptr);
   ~DdpBackend() override;
   std::string name() const override { return name_; }
+  std::string comm_engine() const override { return comm_->engine(); }
   void prepare(std::shared_ptr<torch::nn::Module> model, const Config& cfg) override;
   void backward(const at::Tensor& loss, const MicroStep& m) override;
   StepResult step(const StepRequest& request, int64_t step) override;

@@ -57,6 +57,7 @@ class ZeroBackend : public Backend {
   explicit ZeroBackend(const Config& cfg, std::unique_ptr<Communicator> world = nullptr);
   ~ZeroBackend() override;
   std::string name() const override { return name_; }
+  std::string comm_engine() const override { return comm_->engine(); }
   const RankContext& context() const override { return ctx_; }
   void prepare(std::shared_ptr<torch::nn::Module> model, const Config& cfg) override;
   int64_t samples_per_step() const override { return micro_ * accumulation_; }
