@@ -208,7 +208,7 @@ struct MonitorConfig {
 
 /// `data` section: what to read and how to mask it.
 struct DataConfig {
-  std::vector<std::string> train_files;  ///< text files; relative paths resolve against cwd
+  std::vector<std::string> train_files;  ///< text files; relative ones resolve as config_paths.h says
   std::string vocab_file;                ///< vocab.txt (one token per line)
   int64_t max_seq_length = 128;
   double eval_fraction = 0.05;           ///< share of blocks held out for evaluation
@@ -343,7 +343,9 @@ nlohmann::json parse_json_strict(const std::string& text, const std::string& ori
 /// from the environment, 1 when unset) divided by trainer.model_parallel_size.
 Config config_from_json(const nlohmann::json& doc, const std::string& origin, int64_t world_size = 0);
 
-/// Reads and parses a config file (InputError when it is missing or malformed).
+/// Reads and parses a config file (InputError when it is missing or malformed). Its relative
+/// input paths resolve against its folder (config_paths.h); whether those files exist is not
+/// checked here (a run's build_config checks it).
 Config load_config(const std::string& path, int64_t world_size = 0);
 
 /// Re-resolves the batch triple after a CLI override or at a new world size (divided by
