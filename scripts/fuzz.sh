@@ -29,7 +29,9 @@ ln -sfn "$ROOT/src" "$OUT/include/polytrain"
 # The config names its optimizers through the optimizer registry, whose entries build them (torch),
 # and checks model_parallel_size with the parallel dims' rules.
 CONFIG_SRC="src/common/config.cpp src/common/config_keys.cpp src/common/config_flagai.cpp src/common/config_paths.cpp \
-  src/optim/optimizer_registry.cpp src/optim/optimizers.cpp src/optim/cpu_adam.cpp src/optim/lamb.cpp src/optim/multi_tensor_adam.cpp src/parallel/parallel_dims.cpp"
+  src/optim/optimizer_registry.cpp src/optim/optimizers.cpp src/optim/cpu_adam.cpp src/optim/lamb.cpp src/optim/multi_tensor_adam.cpp \
+  src/optim/worker_pool.cpp src/optim/optimizers_8bit.cpp src/optim/cpu_optim_8bit.cpp src/optim/blockwise_quant.cpp \
+  src/parallel/parallel_dims.cpp"
 declare -A SOURCES=(
   [fuzz_config]="$CONFIG_SRC"
   [fuzz_hostfile]="src/launcher/hostfile.cpp"
