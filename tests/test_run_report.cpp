@@ -444,6 +444,28 @@ TEST(RunReport, SaveHfWritesTheTokenizerAndExportsACheckpointWithoutTraining) {
     EXPECT_EQ(slurp(tmp.path / "hf2" / f), slurp(tmp.path / "hf" / f)) << f;
 }
 
+// The program as a user meets a full disk (here its file-size limit, `ulimit -f`, with SIGXFSZ
+// ignored as a shell's trap leaves it): one error line, exit code 2, no half-written checkpoint.
+TEST(RunReport, AProgramOutOfSpaceExitsTwoWithOneLineAndNoTmpFolder) {
+  if (!gpt2_assets()) GTEST_SKIP() << "the GPT-2 BPE files in .cache/assets (scripts/fetch_assets.sh)";
+  TempDir tmp;
+  std::ofstream(tmp.path / "c.json") << R"({
+    "train_batch_size": 4,
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+    "model": {"model_type": "gpt2", "n_positions": 32, "n_embd": 32, "n_layer": 1, "n_head": 2},
+    "data": {"train_files": [".cache/assets/corpus/sherlock.txt"], "vocab_file": ".cache/assets/gpt2/encoder.json",
+             "max_seq_length": 32, "eval_fraction": 0.0}})";
+  // 1 MiB: the experiment folder's files fit, the checkpoint's state.pt (~6.5 MB) does not.
+  const auto r = polytrain::testing::run_program(
+      "trap '' XFSZ; ulimit -f 1024; exec " POLYTRAIN_BINARY_DIR "/train_gpt2 --config " + (tmp.path / "c.json").string() +
+      " --no_progress_bar --num_threads 1 --max_steps 1 --experiments_dir " + (tmp.path / "exp").string() +
+      " --save_dir " + (tmp.path / "ckpt").string());
+  polytrain::testing::expect_one_line_error(r, "global_step1: out of space writing ");
+  EXPECT_NE(r.out.find("removed " + (tmp.path / "ckpt" / "global_step1.tmp").string()), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(tmp.path / "ckpt" / "global_step1.tmp")) << r.out;
+  EXPECT_FALSE(fs::exists(tmp.path / "ckpt" / "latest")) << r.out;
+}
+
 // BERT: vocab.txt is the WordPiece vocabulary in id order (the asset's lines) with
 // do_lower_case as the run tokenized; T5: spiece.model is the SentencePiece model it used.
 TEST(RunReport, SaveHfWritesVocabTxtForBertAndSpieceModelForT5) {
