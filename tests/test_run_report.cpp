@@ -455,9 +455,9 @@ TEST(RunReport, AProgramOutOfSpaceExitsTwoWithOneLineAndNoTmpFolder) {
     "model": {"model_type": "gpt2", "n_positions": 32, "n_embd": 32, "n_layer": 1, "n_head": 2},
     "data": {"train_files": [".cache/assets/corpus/sherlock.txt"], "vocab_file": ".cache/assets/gpt2/encoder.json",
              "max_seq_length": 32, "eval_fraction": 0.0}})";
-  // 1 MiB: the experiment folder's files fit, the checkpoint's state.pt (~6.5 MB) does not.
+  // 4 MiB: the experiment folder's files fit (its gitdiff.log too), the checkpoint's state.pt (~6.5 MB) does not.
   const auto r = polytrain::testing::run_program(
-      "trap '' XFSZ; ulimit -f 1024; exec " POLYTRAIN_BINARY_DIR "/train_gpt2 --config " + (tmp.path / "c.json").string() +
+      "trap '' XFSZ; ulimit -f 4096; exec " POLYTRAIN_BINARY_DIR "/train_gpt2 --config " + (tmp.path / "c.json").string() +
       " --no_progress_bar --num_threads 1 --max_steps 1 --experiments_dir " + (tmp.path / "exp").string() +
       " --save_dir " + (tmp.path / "ckpt").string());
   polytrain::testing::expect_one_line_error(r, "global_step1: out of space writing ");
