@@ -88,12 +88,15 @@ TEST_P(DocsWorkflow, RunsAsWritten) {
   for (const char* sub : {"configs", "scripts", "hostfiles"}) fs::create_symlink(src / sub, dir.path / sub);
   fs::create_directories(dir.path / ".cache");
   fs::create_symlink(asset_cache(), dir.path / ".cache/assets");
-  for (const auto& cmd : w.commands) {
-    const std::string run = shortened(cmd);
+  for (size_t i = 0; i < w.commands.size(); ++i) {
+    const std::string run = shortened(w.commands[i]);
     std::ofstream(dir.path / "command.sh") << run << "\n";
     std::string out;
     // Each command has its own deadline; `timeout` ends it (and launch its workers) by signal.
-    const int code = run_command("cd '" + dir.str() + "' && timeout -k 10 240 bash command.sh 2>&1", &out);
+    // OUT: where scripts/swarm_demo.sh keeps its logs (else a temp folder of its own, left behind).
+    const int code = run_command("cd '" + dir.str() + "' && OUT='" + dir.str("out" + std::to_string(i)) +
+                                     "' timeout -k 10 240 bash command.sh 2>&1",
+                                 &out);
     EXPECT_EQ(code, 0) << "docs/workflows.md, '" << w.heading << "': " << run << "\n" << out;
     EXPECT_EQ(("\n" + out).find("\nerror: "), std::string::npos) << run << "\n" << out;
     // It trained: a program's last line, or the swarm script's (which prints the monitor's).
