@@ -4,10 +4,6 @@
 // checks MASTER_ADDR:MASTER_PORT itself, to name a port in use before the store tries all.
 #include "polytrain/parallel/comm/rendezvous.h"
 
-#include <netdb.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
@@ -20,32 +16,11 @@
 #include <torch/torch.h>
 
 #include "polytrain/common/error.h"
+#include "polytrain/common/tcp_port.h"
 
 namespace polytrain {
 
 namespace {
-
-// errno of binding a TCP socket to host:port as c10d's listener does (SO_REUSEADDR, so a
-// closed job's TIME_WAIT connections do not count), 0 when every address binds or host does
-// not resolve (the store's own error says so). host nullptr: the wildcard addresses.
-int tcp_bind_errno(const char* host, int port) {
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  if (::getaddrinfo(host, std::to_string(port).c_str(), &hints, &found) != 0) return 0;
-  int err = 0;
-  for (addrinfo* a = found; a != nullptr && err == 0; a = a->ai_next) {
-    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) continue;
-    const int one = 1;
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0) err = errno;
-    ::close(fd);
-  }
-  ::freeaddrinfo(found);
-  return err;
-}
 
 void check_port_free(const char* host, const std::string& addr, int port) {
   PT_INPUT_CHECK(tcp_bind_errno(host, port) != EADDRINUSE, addr, ":", port,
