@@ -79,11 +79,7 @@ CheckpointWriter::~CheckpointWriter() {
 }
 
 void CheckpointWriter::write_file(const std::string& name, const std::string& bytes) {
-  try {
-    atomic_write_file((fs::path(tmp_) / name).string(), bytes);
-  } catch (const NoSpaceError& e) {
-    out_of_space(name, bytes.size(), e.what());
-  }
+  write_small(name, bytes);
   files_[name] = {{"size", bytes.size()}, {"crc32c", crc32c(bytes.data(), bytes.size())}};
   written_ += bytes.size();
   fault_point("checkpoint");
@@ -91,11 +87,7 @@ void CheckpointWriter::write_file(const std::string& name, const std::string& by
 
 void CheckpointWriter::produce_file(const std::string& name, const std::function<void(const std::string&)>& produce,
                                     uint64_t expected_bytes) {
-  try {
-    produce((fs::path(tmp_) / name).string());
-  } catch (const NoSpaceError& e) {
-    out_of_space(name, expected_bytes, e.what());
-  }
+  write_guarded(name, expected_bytes, produce);
   add_file(name);
 }
 
@@ -175,12 +167,19 @@ void CheckpointWriter::commit(const nlohmann::json& meta, bool set_latest) {
   committed_ = true;
 }
 
-// A receipt or the marker: not listed among the checkpoint's files.
+// tmp_dir()/name from `bytes`, atomically; unlisted (a receipt, the marker) unless the caller
+// records it.
 void CheckpointWriter::write_small(const std::string& name, const std::string& bytes) {
+  write_guarded(name, bytes.size(), [&](const std::string& path) { atomic_write_file(path, bytes); });
+}
+
+// Every write of a save goes through here: a NoSpaceError becomes the save's out-of-space error.
+void CheckpointWriter::write_guarded(const std::string& name, uint64_t bytes,
+                                     const std::function<void(const std::string& path)>& write) {
   try {
-    atomic_write_file((fs::path(tmp_) / name).string(), bytes);
+    write((fs::path(tmp_) / name).string());
   } catch (const NoSpaceError& e) {
-    out_of_space(name, bytes.size(), e.what());
+    out_of_space(name, bytes, e.what());
   }
 }
 

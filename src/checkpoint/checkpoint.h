@@ -59,6 +59,7 @@ class CheckpointWriter {
 
  private:
   void write_small(const std::string& name, const std::string& bytes);
+  void write_guarded(const std::string& name, uint64_t bytes, const std::function<void(const std::string& path)>& write);
   [[noreturn]] void out_of_space(const std::string& name, uint64_t file_bytes, const std::string& why);
 
   std::string dir_, tag_, tmp_;
