@@ -406,6 +406,16 @@ namespace {
 
 bool gpt2_assets() { return fs::exists(fs::path(POLYTRAIN_SOURCE_DIR) / ".cache/assets/gpt2/encoder.json"); }
 
+// A one-layer GPT-2 on one book (its paths resolve from the source tree, where programs run).
+void write_tiny_gpt2_config(const fs::path& file) {
+  std::ofstream(file) << R"({
+    "train_batch_size": 4,
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+    "model": {"model_type": "gpt2", "n_positions": 32, "n_embd": 32, "n_layer": 1, "n_head": 2},
+    "data": {"train_files": [".cache/assets/corpus/sherlock.txt"], "vocab_file": ".cache/assets/gpt2/encoder.json",
+             "max_seq_length": 32, "eval_fraction": 0.0}})";
+}
+
 }  // namespace
 
 // --save_hf writes the tokenizer next to the weights; the same command with a checkpoint that
@@ -413,12 +423,7 @@ bool gpt2_assets() { return fs::exists(fs::path(POLYTRAIN_SOURCE_DIR) / ".cache/
 TEST(RunReport, SaveHfWritesTheTokenizerAndExportsACheckpointWithoutTraining) {
   if (!gpt2_assets()) GTEST_SKIP() << "the GPT-2 BPE files in .cache/assets (scripts/fetch_assets.sh)";
   TempDir tmp;
-  std::ofstream(tmp.path / "c.json") << R"({
-    "train_batch_size": 4,
-    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
-    "model": {"model_type": "gpt2", "n_positions": 32, "n_embd": 32, "n_layer": 1, "n_head": 2},
-    "data": {"train_files": [".cache/assets/corpus/sherlock.txt"], "vocab_file": ".cache/assets/gpt2/encoder.json",
-             "max_seq_length": 32, "eval_fraction": 0.0}})";
+  write_tiny_gpt2_config(tmp.path / "c.json");
   const std::string common = POLYTRAIN_BINARY_DIR "/train_gpt2 --config " + (tmp.path / "c.json").string() +
                              " --no_progress_bar --num_threads 1 --experiments_dir " + (tmp.path / "exp").string() +
                              " --save_dir " + (tmp.path / "ckpt").string();
@@ -449,12 +454,7 @@ TEST(RunReport, SaveHfWritesTheTokenizerAndExportsACheckpointWithoutTraining) {
 TEST(RunReport, AProgramOutOfSpaceExitsTwoWithOneLineAndNoTmpFolder) {
   if (!gpt2_assets()) GTEST_SKIP() << "the GPT-2 BPE files in .cache/assets (scripts/fetch_assets.sh)";
   TempDir tmp;
-  std::ofstream(tmp.path / "c.json") << R"({
-    "train_batch_size": 4,
-    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
-    "model": {"model_type": "gpt2", "n_positions": 32, "n_embd": 32, "n_layer": 1, "n_head": 2},
-    "data": {"train_files": [".cache/assets/corpus/sherlock.txt"], "vocab_file": ".cache/assets/gpt2/encoder.json",
-             "max_seq_length": 32, "eval_fraction": 0.0}})";
+  write_tiny_gpt2_config(tmp.path / "c.json");
   // 4 MiB: the experiment folder's files fit (its gitdiff.log too), the checkpoint's state.pt (~6.5 MB) does not.
   const auto r = polytrain::testing::run_program(
       "trap '' XFSZ; ulimit -f 4096; exec " POLYTRAIN_BINARY_DIR "/train_gpt2 --config " + (tmp.path / "c.json").string() +

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <type_traits>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -181,44 +182,40 @@ void add_data_flags(CLI::App& app, ConfigFlags& flags) {
 // What each key does, in hivemind's words (docs/hivemind.md's table).
 void add_hivemind_values(CLI::App& app, ConfigFlags& flags) {
   const HivemindConfig d;
-  auto text = [&](const char* key, const std::string& help, const std::string& def) {
-    add_value<std::string>(app, flags, std::string("--") + key, hivemind_key(key), help)->default_str(def)->group(kHivemindGroup);
-  };
-  auto count = [&](const char* key, const std::string& help, int64_t def) {
-    return add_value<int64_t>(app, flags, std::string("--") + key, hivemind_key(key), help)
+  // One flag per key, of the key's type, with its default shown.
+  auto flag = [&](const char* key, const std::string& help, const auto& def) {
+    using T = std::decay_t<decltype(def)>;
+    return add_value<T>(app, flags, std::string("--") + key, hivemind_key(key), help)
         ->default_str(shown(def))
         ->group(kHivemindGroup);
   };
-  auto seconds = [&](const char* key, const std::string& help, double def) {
-    add_value<double>(app, flags, std::string("--") + key, hivemind_key(key), help)->default_str(shown(def))->group(kHivemindGroup);
-  };
-  text("run_id", "the swarm's name: peers with the same run_id train together (DHT network id and key prefix)", d.run_id);
-  text("listen", "HOST:PORT this peer's DHT (UDP) and averaging (TCP) sockets bind (port 0: any free port)", d.listen);
-  text("announce", "HOST:PORT other peers reach this one at (default: the bound address)", d.announce);
-  text("compression", "how averaged tensors travel: none, fp16, scaled_fp16 or uint8", d.compression);
-  text("identity_path", "Ed25519 key file of this peer, created when missing (default: a new identity each start)",
+  flag("run_id", "the swarm's name: peers with the same run_id train together (DHT network id and key prefix)", d.run_id);
+  flag("listen", "HOST:PORT this peer's DHT (UDP) and averaging (TCP) sockets bind (port 0: any free port)", d.listen);
+  flag("announce", "HOST:PORT other peers reach this one at (default: the bound address)", d.announce);
+  flag("compression", "how averaged tensors travel: none, fp16, scaled_fp16 or uint8", d.compression);
+  flag("identity_path", "Ed25519 key file of this peer, created when missing (default: a new identity each start)",
        d.identity_path);
-  count("target_batch_size", "samples the whole swarm accumulates per global step (required for hivemind)",
-        d.target_batch_size)
+  flag("target_batch_size", "samples the whole swarm accumulates per global step (required for hivemind)",
+       d.target_batch_size)
       ->default_str("");  // 0 is "not set", which a swarm refuses
-  count("batch_size_lead", "look for an averaging group this many samples before target_batch_size", d.batch_size_lead);
-  count("min_group_size", "fewest peers an averaging group starts with when its time is up", d.min_group_size);
-  count("target_group_size", "most peers in one averaging group (a full group starts at once)", d.target_group_size);
-  count("average_state_every", "also average the parameters every k global steps (0 = never)", d.average_state_every);
-  count("expected_peers", "trainer peers to wait for before the first step, for reproducible runs (0 = none)",
-        d.expected_peers);
-  count("num_streams", "split each epoch's samples into this many disjoint streams (0 = each peer shuffles on its own)",
-        d.num_streams);
-  count("stream_index", "which of --num_streams streams this peer reads", d.stream_index);
-  seconds("averaging_timeout", "seconds one global step's averaging (matchmaking + all-reduce) may take",
-          d.averaging_timeout);
-  seconds("allreduce_timeout", "seconds the all-reduce alone may take (0 = --averaging_timeout)", d.allreduce_timeout);
-  seconds("next_chunk_timeout", "seconds to wait for first contact and each next chunk of a stream", d.next_chunk_timeout);
-  seconds("request_timeout", "seconds to wait for the answer to a join request", d.request_timeout);
-  seconds("bootstrap_timeout", "seconds to join the swarm through --initial_peers", d.bootstrap_timeout);
-  seconds("metadata_expiration", "seconds a peer's progress record lives in the DHT (>= 11)", d.metadata_expiration);
-  seconds("load_state_timeout", "seconds a whole state download from other peers may take", d.load_state_timeout);
-  seconds("bandwidth", "relative share of each average this peer reduces", d.bandwidth);
+  flag("batch_size_lead", "look for an averaging group this many samples before target_batch_size", d.batch_size_lead);
+  flag("min_group_size", "fewest peers an averaging group starts with when its time is up", d.min_group_size);
+  flag("target_group_size", "most peers in one averaging group (a full group starts at once)", d.target_group_size);
+  flag("average_state_every", "also average the parameters every k global steps (0 = never)", d.average_state_every);
+  flag("expected_peers", "trainer peers to wait for before the first step, for reproducible runs (0 = none)",
+       d.expected_peers);
+  flag("num_streams", "split each epoch's samples into this many disjoint streams (0 = each peer shuffles on its own)",
+       d.num_streams);
+  flag("stream_index", "which of --num_streams streams this peer reads", d.stream_index);
+  flag("averaging_timeout", "seconds one global step's averaging (matchmaking + all-reduce) may take",
+       d.averaging_timeout);
+  flag("allreduce_timeout", "seconds the all-reduce alone may take (0 = --averaging_timeout)", d.allreduce_timeout);
+  flag("next_chunk_timeout", "seconds to wait for first contact and each next chunk of a stream", d.next_chunk_timeout);
+  flag("request_timeout", "seconds to wait for the answer to a join request", d.request_timeout);
+  flag("bootstrap_timeout", "seconds to join the swarm through --initial_peers", d.bootstrap_timeout);
+  flag("metadata_expiration", "seconds a peer's progress record lives in the DHT (>= 11)", d.metadata_expiration);
+  flag("load_state_timeout", "seconds a whole state download from other peers may take", d.load_state_timeout);
+  flag("bandwidth", "relative share of each average this peer reduces", d.bandwidth);
 }
 
 // --averaging_expiration is hivemind's CollaborativeOptimizer name of matchmaking_time (its JSON
