@@ -44,13 +44,6 @@ const char* kind_name(Kind kind) {
   return kind == Kind::kBoolean ? "a boolean (true/false)" : kind == Kind::kInteger ? "an integer" : "a number";
 }
 
-json::json_pointer pointer(const std::string& dotted) {
-  std::string p = "/" + dotted;
-  for (char& c : p)
-    if (c == '.') c = '/';
-  return json::json_pointer(p);
-}
-
 // The object the target key goes in, created where absent; nullptr when something that is not an
 // object is in the way (the section's own reader reports that).
 json* parent_of(json& doc, const std::string& dotted) {

@@ -67,8 +67,6 @@ int64_t tokens_per_sample(const BatchSource& data) {
   return b.has("input_ids") && b.at("input_ids").dim() == 2 ? b.at("input_ids").size(1) : 0;
 }
 
-// The Backend interface does not report its communicator's engine, so this is
-// make_communicator's "auto" rule (parallel/comm/communicator.cpp) on the same inputs.
 std::string comm_engine(const Config& cfg, const Backend& backend) {
   const std::string engine = backend.comm_engine();
   if (!engine.empty()) return engine;
