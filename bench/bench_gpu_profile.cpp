@@ -57,7 +57,7 @@ std::string kind_of(const std::string& name) {
   if (has("gemm") || has("gemv") || has("nvjet") || has("cutlass") || has("xmma") || has("cublas") || has("sm90_"))
     return "matmul";
   if (has("layer_norm") || has("layernorm")) return "layernorm";
-  if (has("softmax") || has("nll") || has("cross_entropy") || has("scatter") || has("gather")) return "softmax / CE";
+  if (has("softmax") || has("xent") || has("nll") || has("cross_entropy") || has("scatter") || has("gather")) return "softmax / CE";
   if (has("reduce")) return "reductions";
   if (has("elementwise") || has("vectorized") || has("unrolled")) return "elementwise";
   return "other";

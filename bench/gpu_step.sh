@@ -45,12 +45,23 @@ export PYTHONUNBUFFERED=1
   $PY -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__)'
 } >> "$RES" 2>&1
 TORCH_PREFIX="$($PY -c 'import torch; print(torch.utils.cmake_prefix_path)')"
-PCRE=()
+EXTRA=()  # extra CMake arguments: PCRE2 and NCCL from where this machine has them
 if [ -f .deps/pcre2/include/pcre2.h ]; then
-  PCRE=(-DPCRE2_INCLUDE="$ROOT/.deps/pcre2/include" -DPCRE2_LIBRARY="$ROOT/.deps/pcre2/lib/libpcre2-8.so.0")
+  EXTRA=(-DPCRE2_INCLUDE="$ROOT/.deps/pcre2/include" -DPCRE2_LIBRARY="$ROOT/.deps/pcre2/lib/libpcre2-8.so.0")
 fi
 GEN=""
 command -v ninja >/dev/null && GEN="-G Ninja"
+# NCCL's header from the Python wheel (nvidia-nccl-*), as scripts/gpu_check.sh finds it.
+NCCL_INC="$($PY -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "include"))' 2>/dev/null)"
+NCCL_LIB="$($PY -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)"
+export LD_LIBRARY_PATH="${NCCL_LIB:+$NCCL_LIB:}${LD_LIBRARY_PATH:-}"
+[ -n "$NCCL_INC" ] && EXTRA+=(-DNCCL_INCLUDE_DIR="$NCCL_INC")
+# polytrain's CUDA kernels need nvcc: PATH's, else the toolkit's usual place.
+CUDACXX_ARG=()
+if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then CUDACXX_ARG=(-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc); fi
+# The tests that need a GPU (they skip everywhere else): the kernels' equal-results tests, the
+# fused LM loss, NCCL collectives, autocast and the fp16 loss scale on CUDA.
+GPU_TESTS="test_cuda_ops test_fused_lm_loss test_comm test_loss_scaler test_trainer"
 # The build runs niced beside the Python runs (those are timed on the GPU; the build only
 # takes CPU time they do not need), and the headline pairs are run again after it.
 t_build=$(date +%s)
@@ -58,8 +69,9 @@ if [ "${SKIP_BUILD:-0}" = 1 ] && [ -x build-gpu/bench_gpu_step ]; then  # a warm
   true &
 else (
   nice -n 19 cmake -S . -B build-gpu $GEN -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" \
-    -DPOLYTRAIN_THIRD_PARTY="$ROOT/.deps" -DPOLYTRAIN_BUILD_TESTS=OFF "${PCRE[@]}" &&
-    nice -n 19 cmake --build build-gpu -j "$(nproc)" --target bench_gpu_step bench_gpu_profile train_gpt2 -- -k 0
+    -DPOLYTRAIN_THIRD_PARTY="$ROOT/.deps" -DPOLYTRAIN_BUILD_TESTS=ON "${EXTRA[@]}" "${CUDACXX_ARG[@]}" &&
+    nice -n 19 cmake --build build-gpu -j "$(nproc)" --target bench_gpu_step bench_gpu_profile train_gpt2 launch \
+      $GPU_TESTS -- -k 0
 ) > "$OUT/build.log" 2>&1 &
 fi
 BUILD_PID=$!
@@ -103,7 +115,30 @@ if [ ! -x build-gpu/bench_gpu_step ]; then  # bench_gpu_profile may fail alone: 
   tail -60 "$RES"
   exit 1
 fi
-# Equal results first (issue 15's "must show"): the fast path against the exact path on the
+grep -E "CUDA kernels|communicators" "$OUT/build.log" >> "$RES"
+# The GPU tests (kernels against the unfused ops, NCCL, CUDA autocast, fp16 loss scale).
+for t in $GPU_TESTS; do
+  [ -x "build-gpu/$t" ] || { echo "== test $t"; echo "not built"; } >> "$RES"
+  [ -x "build-gpu/$t" ] || continue
+  filter='*'
+  [ "$t" = test_comm ] && filter='Nccl*'
+  [ "$t" = test_trainer ] && filter='*Cuda*'
+  run "test $t" 60 "build-gpu/$t" --gtest_filter="$filter" --gtest_brief=1
+done
+# The headline pairs, each polytrain run next to Python eager's, with the build done.
+cpp gpt2 fast "$GB" 1024 "$STEPS"
+py gpt2 eager "$GB" 1024 "$STEPS"
+cpp bert fast "$BB" 512 "$STEPS"
+py bert eager "$BB" 512 "$STEPS"
+cpp t5 fast "$TB" 512 "$STEPS" 128
+py t5 eager "$TB" 512 "$STEPS" 128
+# The fast path without polytrain's CUDA kernels (the padded vocabulary stays): what they bring.
+run "polytrain gpt2 fast,nokernels" 90 env POLYTRAIN_FUSED_KERNELS=0 build-gpu/bench_gpu_step gpt2 fast "$GB" 1024 "$STEPS"
+# Where the time goes: kernels by kind, GPU idle time (polytrain's; Python's after the rest).
+PB="${PROFILE_BATCH:-32}"
+[ -x build-gpu/bench_gpu_profile ] && run "profile polytrain gpt2 fast" 90 build-gpu/bench_gpu_profile gpt2 fast "$PB" 1024 3
+[ -x build-gpu/bench_gpu_profile ] && run "profile polytrain t5 fast" 90 build-gpu/bench_gpu_profile t5 fast 128 512 3 128
+# Equal results (issue 15's "must show"): the fast path against the exact path on the
 # corpus with train_gpt2, dropout off, the same seed and data, 200 steps.
 if [ -x build-gpu/train_gpt2 ]; then
   for v in fast exact; do
@@ -129,43 +164,12 @@ PY
     tail -3 "$LOG" >> "$RES"
   done
 fi
-# The headline pairs, each polytrain run next to Python eager's, with the build done.
-cpp gpt2 fast "$GB" 1024 "$STEPS"
-py gpt2 eager "$GB" 1024 "$STEPS"
-cpp bert fast "$BB" 512 "$STEPS"
-py bert eager "$BB" 512 "$STEPS"
-cpp t5 fast "$TB" 512 "$STEPS" 128
-py t5 eager "$TB" 512 "$STEPS" 128
-# Where the time goes: kernels by kind, GPU idle time (both sides), then the fast path with
-# one switch changed.
-PB="${PROFILE_BATCH:-32}"
-[ -x build-gpu/bench_gpu_profile ] && run "profile polytrain gpt2 fast" 90 build-gpu/bench_gpu_profile gpt2 fast "$PB" 1024 3
+# Every backend once on the GPU (pytorch on the CPU and the GPU, pytorchDDP over NCCL, ZeRO-2
+# offload with pinned memory, tensor parallelism at size 1, amp O0-O3) and the ZeRO-offload step
+# with the pinned PCIe rates: bench/gpu_backends.py.
+[ -x build-gpu/train_gpt2 ] && [ -x build-gpu/launch ] && run "backends" 300 $PY bench/gpu_backends.py build-gpu
 run "profile python gpt2 eager" 120 $PY bench/gpu_step_torch.py gpt2 eager-profile "$PB" 1024 3
-cpp gpt2 bf16,sdpa,tf32 "$GB" 1024 "$STEPS"          # libtorch's per-parameter AdamW
-cpp gpt2 bf16,tf32,fused "$GB" 1024 "$STEPS"          # eager attention
-cpp gpt2 sdpa,tf32,fused "$GB" 1024 "$STEPS"          # fp32 (TF32 matmuls)
-cpp bert bf16,sdpa,tf32,fused,dense "$BB" 512 "$STEPS"  # BERT's head at every position, as HF
-cpp gpt2 exact "16,8" 1024 3                          # fp32, eager, no TF32, per-parameter AdamW
-# Issue 16's Apex levels on the GPU: train_gpt2 (GPT-2 124M, 16 x 1024, 30 steps on the corpus)
-# at amp O0 (fp32), O1 (fp16 autocast + dynamic loss scale) and O2 (fp16 weights, fp32 master
-# weights): ms/step and the caching allocator's peak from the last step line.
-if [ -x build-gpu/train_gpt2 ]; then
-  for lvl in O0 O1 O2; do
-    $PY - "$lvl" > "/tmp/amp_$lvl.json" <<'PY'
-import json, sys
-lvl = sys.argv[1]
-sys.path.insert(0, "scripts"); from shipped_config import load; c = load("gpt2_tiny.json")
-c["train_batch_size"] = c["train_micro_batch_size_per_gpu"] = 16
-c["model"].update({"n_positions": 1024, "n_embd": 768, "n_layer": 12, "n_head": 12})
-c["data"]["max_seq_length"] = 1024
-c["trainer"].update({"max_steps": 30, "log_interval": 10, "eval_interval": 0, "save_interval": 0})
-c["amp"] = {"enabled": lvl != "O0", "opt_level": lvl}
-print(json.dumps(c))
-PY
-    run "amp $lvl" 90 build-gpu/train_gpt2 --config "/tmp/amp_$lvl.json" --pytorch_device cuda --no_progress_bar \
-      --experiments_dir /tmp/amp --experiment_name "$lvl"
-  done
-fi
+[ "${PROFILE_COMPILE:-0}" = 1 ] && run "profile python gpt2 compile" 120 $PY bench/gpu_step_torch.py gpt2 compile-profile "$PB" 1024 3
 $PY - "$RES" <<'PY' | tee "$OUT/summary.txt"
 import glob, json, re, sys
 blocks, cur = {}, None
@@ -207,7 +211,7 @@ for tag in [t for t in blocks if t.startswith("polytrain gpt2 ") and t != "polyt
     b = blocks[tag]
     if "ms_per_step" in b:
         print(f"{tag:46s} batch {b['batch']:>4s} {float(b['ms_per_step']):9.2f} ms {b['tokens_per_s']:>8s} tok/s  fwd {b.get('forward_ms')} bwd {b.get('backward_ms')} update {b.get('update_ms')}  peak {b.get('peak_mem_gb')} GB")
-for tag in ("profile polytrain gpt2 fast", "profile python gpt2 eager"):
+for tag in ("profile polytrain gpt2 fast", "profile python gpt2 eager", "profile polytrain t5 fast", "profile python gpt2 compile"):
     if tag in blocks:
         print(f"-- {tag}")
         inside = False
@@ -215,13 +219,22 @@ for tag in ("profile polytrain gpt2 fast", "profile python gpt2 eager"):
             if line.startswith("== "): inside = line[3:].strip() == tag; continue
             if inside and line.split(" ")[0] in ("batch", "wall_ms_per_step", "gpu_busy_ms_per_step", "gpu_idle_ms_per_step", "kind", "kernel"):
                 print("   " + line.rstrip())
-for lvl in ("O0", "O1", "O2"):
-    last = None
-    inside = False
+def lines_of(tag):
+    inside, out = False, []
     for line in open(sys.argv[1]):
-        if line.startswith("== "): inside = line[3:].strip() == f"amp {lvl}"; continue
-        if inside and line.startswith("step 30/30"): last = line.strip()
-    if last: print(f"amp {lvl}: {last}")
+        if line.startswith("== "): inside = line[3:].strip() == tag; continue
+        if inside: out.append(line.rstrip())
+    return out
+print("-- GPU tests")
+for tag in [t for t in blocks if t.startswith("test ")]:
+    body = lines_of(tag)
+    rc = [l for l in body if l.startswith("rc ")]
+    failed = [l for l in body if "FAILED" in l or "not built" in l]
+    print(f"   {tag:28s} {rc[-1] if rc else 'no result'}" + ("" if not failed else "  " + "; ".join(failed[:4])))
+print("-- backends on the GPU (bench/gpu_backends.py)")
+for l in lines_of("backends"):
+    if l.split(" ")[0] in ("check", "zero_offload", "amp", "pinned_h2d_gbps", "pinned_d2h_gbps") or l.startswith("run "):
+        print("   " + l)
 f = blocks.get("polytrain gpt2 fast", {})
 if f: print(f"fast path phases: forward {f.get('forward_ms')} ms, backward {f.get('backward_ms')} ms, update {f.get('update_ms')} ms")
 b = blocks.get("polytrain bert bf16,sdpa,tf32,fused,dense")

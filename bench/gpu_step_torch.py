@@ -123,7 +123,7 @@ def kind_of(name):
     if has("multi_tensor_apply", "adam"): return "optimizer (multi-tensor)"
     if has("gemm", "gemv", "nvjet", "cutlass", "xmma", "cublas", "sm90_"): return "matmul"
     if has("layer_norm", "layernorm"): return "layernorm"
-    if has("softmax", "nll", "cross_entropy", "scatter", "gather"): return "softmax / CE"
+    if has("softmax", "xent", "nll", "cross_entropy", "scatter", "gather"): return "softmax / CE"
     if has("reduce"): return "reductions"
     if has("elementwise", "vectorized", "unrolled"): return "elementwise"
     return "other"

@@ -20,10 +20,11 @@ struct Case {
   bool bias;
   int64_t chunk;
   double ignored_fraction;
+  int64_t pad = 0;  ///< pad_vocab_to (0: none on the CPU)
 };
 // What ctest shows after the case's name (CMake 3.25 puts GetParam()'s print into it).
 void PrintTo(const Case& c, std::ostream* os) {
-  *os << "bias " << c.bias << " chunk " << c.chunk << " ignored " << c.ignored_fraction;
+  *os << "bias " << c.bias << " chunk " << c.chunk << " ignored " << c.ignored_fraction << " pad " << c.pad;
 }
 
 class FusedLmLoss : public ::testing::TestWithParam<Case> {};
@@ -44,7 +45,7 @@ TEST_P(FusedLmLoss, MatchesDenseLossAndGradients) {
     auto bb = c.bias ? b0.clone().requires_grad_(true) : at::Tensor();
     at::Tensor loss;
     if (fused) {
-      loss = fused_linear_cross_entropy(h, w, bb, labels, -100, c.chunk);
+      loss = fused_linear_cross_entropy(h, w, bb, labels, -100, c.chunk, std::nullopt, c.pad);
     } else {
       auto logits = F::linear(h, w, bb);
       loss = F::cross_entropy(logits.reshape({-1, v}), labels.reshape({-1}),
@@ -67,13 +68,15 @@ TEST_P(FusedLmLoss, MatchesDenseLossAndGradients) {
   }
   // Without autograd the same value comes back.
   torch::NoGradGuard ng;
-  auto lng = fused_linear_cross_entropy(h0, w0, c.bias ? b0 : at::Tensor(), labels, -100, c.chunk);
+  auto lng = fused_linear_cross_entropy(h0, w0, c.bias ? b0 : at::Tensor(), labels, -100, c.chunk, std::nullopt, c.pad);
   EXPECT_NEAR(lng.item<double>(), ld.item<double>(), 1e-12);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, FusedLmLoss,
                          ::testing::Values(Case{true, 0, 0.0}, Case{true, 4, 0.5}, Case{false, 5, 0.3},
-                                           Case{true, 1, 0.85}, Case{false, 1000, 0.0}),
+                                           Case{true, 1, 0.85}, Case{false, 1000, 0.0},
+                                           // the GPU's padded vocabulary (101 -> 128, 101 -> 104)
+                                           Case{true, 4, 0.3, 64}, Case{false, 0, 0.0, 8}),
                          [](const auto& info) { return "case" + std::to_string(info.index); });
 
 // The GPU's bf16 path (matmuls in bf16, log-softmax and accumulators in fp32), run on the CPU:
@@ -85,12 +88,12 @@ TEST(FusedLmLoss, Bf16MatmulsMatchTheReferenceToBf16Rounding) {
   auto b0 = torch::randn({v}, torch::kDouble) * 0.1;
   auto labels = torch::randint(0, v, {n}, torch::kLong);
   labels.masked_fill_(torch::rand({n}) < 0.3, -100);
-  auto run = [&](bool fused) {
+  auto run = [&](bool fused, int64_t pad = 0) {
     auto h = h0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true), bb = b0.clone().requires_grad_(true);
     at::Tensor loss;
     if (fused) {
       loss = fused_linear_cross_entropy(h.to(torch::kFloat), w.to(torch::kFloat), bb.to(torch::kFloat), labels, -100, 16,
-                                        torch::kBFloat16);
+                                        torch::kBFloat16, pad);
     } else {
       loss = F::cross_entropy(F::linear(h, w, bb), labels, F::CrossEntropyFuncOptions().ignore_index(-100));
     }
@@ -102,6 +105,13 @@ TEST(FusedLmLoss, Bf16MatmulsMatchTheReferenceToBf16Rounding) {
   EXPECT_NEAR(lf.item<double>(), ld.item<double>(), 1e-2 * std::abs(ld.item<double>()));
   for (auto [got, want] : {std::make_pair(hf, hd), std::make_pair(wf, wd), std::make_pair(bf, bd)})
     EXPECT_LT((got - want).norm().item<double>() / want.norm().item<double>(), 2e-2);
+  // Padded to 320 (the GPU's layout): the same loss and gradients as unpadded, to fp32 rounding.
+  auto [lp, hp, wp, bp] = run(true, 64);
+  EXPECT_NEAR(lp.item<double>(), lf.item<double>(), 1e-6 * std::abs(lf.item<double>()));
+  EXPECT_EQ(wp.sizes(), wf.sizes());
+  EXPECT_EQ(bp.sizes(), bf.sizes());
+  for (auto [got, want] : {std::make_pair(hp, hf), std::make_pair(wp, wf), std::make_pair(bp, bf)})
+    EXPECT_TRUE(torch::allclose(got, want, 1e-5, 1e-7));
 }
 
 TEST(FusedLmLoss, NoLabelledRowsIsNaNLikeTorch) {

@@ -2,11 +2,13 @@
 #include "polytrain/models/tp_layers.h"
 
 #include <algorithm>
+#include <limits>
 
 #include <torch/torch.h>
 
 #include "polytrain/common/autocast.h"
 #include "polytrain/common/error.h"
+#include "polytrain/ops/cuda_ops.h"
 
 namespace polytrain {
 namespace {
@@ -48,6 +50,21 @@ at::Tensor reduced_chunked_loss(const at::Tensor& h, const at::Tensor& w, const 
   chunk = std::min(chunk, n);
   const auto hm = h.to(reduced), wm = w.to(reduced), wmt = wm.t();
   const auto bm = b.defined() ? b.to(reduced) : b;
+  if (h.is_cuda() && cuda_ops::available()) {
+    // One kernel for the whole cross-entropy chain: the reduced logits become their own
+    // gradient (row weight applied), the row losses come back in fp32.
+    for (int64_t i = 0; i < n; i += chunk) {
+      const int64_t c = std::min(chunk, n - i);
+      auto hc = hm.narrow(0, i, c);
+      auto gl = bm.defined() ? at::addmm(bm, hc, wmt) : at::mm(hc, wmt);
+      loss.add_(cuda_ops::xent_grad_(gl, y.narrow(0, i, c), row_weight.narrow(0, i, c)).sum());
+      if (!g) continue;
+      if (g->db.defined()) g->db.add_(gl.sum(0, false, at::kFloat));
+      if (need_h) g->dh.narrow(0, i, c).copy_(at::mm(gl, wm));
+      if (need_w) g->dw.add_(at::mm(gl.t(), hc));
+    }
+    return loss;
+  }
   auto minus_one = at::full({chunk, 1}, -1.0, h.options());
   for (int64_t i = 0; i < n; i += chunk) {
     const int64_t c = std::min(chunk, n - i);
@@ -165,26 +182,59 @@ at::Tensor finish(const at::Tensor& sum, const Rows& r, at::ScalarType dtype) {
   return loss.to(dtype);
 }
 
+// The vocabulary padded to a multiple of `multiple` rows of the weight (zeros) with -inf in
+// the bias's padded entries: their logits get probability 0, so loss and gradients are the
+// unpadded ones. On a GPU a vocabulary like GPT-2's 50257 leaves every row of the [rows, V]
+// logits misaligned and cuBLAS falls back to its slowest (align1) kernels: at 50304 the LM head's
+// three GEMMs run at full speed (nanoGPT's and llm.c's padded vocabulary; inductor pads too).
+struct Padded {
+  at::Tensor w, b;
+  int64_t vocab = 0;  ///< the real vocabulary; 0 when nothing was padded
+};
+
+Padded pad_vocab(const at::Tensor& w, const at::Tensor& b, int64_t multiple) {
+  Padded p{w, b, 0};
+  const int64_t v = w.size(0);
+  if (multiple <= 1 || v % multiple == 0) return p;
+  const int64_t vp = (v + multiple - 1) / multiple * multiple;
+  p.vocab = v;
+  p.w = at::zeros({vp, w.size(1)}, w.options());
+  p.w.narrow(0, 0, v).copy_(w);
+  p.b = at::full({vp}, -std::numeric_limits<double>::infinity(), w.options());
+  if (b.defined())
+    p.b.narrow(0, 0, v).copy_(b);
+  else
+    p.b.narrow(0, 0, v).zero_();
+  return p;
+}
+
+int64_t pad_multiple(const at::Tensor& hidden, int64_t asked) { return asked > 0 ? asked : hidden.is_cuda() ? 64 : 1; }
+
 struct FusedLinearCE : torch::autograd::Function<FusedLinearCE> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
                             const at::Tensor& bias_or_empty, const at::Tensor& labels, int64_t ignore_index,
-                            int64_t chunk, int64_t matmul) {
+                            int64_t chunk, int64_t matmul, int64_t pad) {
     // libtorch 1.13's Function::apply rejects undefined inputs: "no bias" arrives as numel 0.
     const at::Tensor bias = bias_or_empty.numel() > 0 ? bias_or_empty : at::Tensor();
     auto rows = flatten(hidden, labels, ignore_index);
     Grads g;
-    auto sum = chunked_loss(rows.h, compute_dtype(weight), bias.defined() ? compute_dtype(bias) : bias, rows.y,
-                            rows.weight, chunk, ctx->needs_input_grad(0), ctx->needs_input_grad(1),
-                            bias.defined() && ctx->needs_input_grad(2), &g, static_cast<at::ScalarType>(matmul));
+    const auto p = pad_vocab(compute_dtype(weight), bias.defined() ? compute_dtype(bias) : bias, pad);
+    auto sum = chunked_loss(rows.h, p.w, p.b, rows.y, rows.weight, chunk, ctx->needs_input_grad(0),
+                            ctx->needs_input_grad(1), bias.defined() && ctx->needs_input_grad(2), &g,
+                            static_cast<at::ScalarType>(matmul));
+    if (p.vocab > 0) {  // the padded rows' gradients are zero and not the model's
+      if (g.dw.defined()) g.dw = g.dw.narrow(0, 0, p.vocab);
+      if (g.db.defined()) g.db = g.db.narrow(0, 0, p.vocab);
+    }
     if (g.dh.defined()) ctx->saved_data["dh"] = g.dh.to(hidden.scalar_type()).reshape(hidden.sizes());
-    if (g.dw.defined()) ctx->saved_data["dw"] = g.dw.to(weight.scalar_type());
-    if (g.db.defined()) ctx->saved_data["db"] = g.db.to(bias.scalar_type());
+    if (g.dw.defined()) ctx->saved_data["dw"] = g.dw.to(weight.scalar_type()).contiguous();
+    if (g.db.defined()) ctx->saved_data["db"] = g.db.to(bias.scalar_type()).contiguous();
     return finish(sum, rows, hidden.scalar_type());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
     const auto& go = grad_out[0];
-    variable_list grads(7);
+    variable_list grads(8);
     auto& sd = ctx->saved_data;
     if (sd.count("dh")) grads[0] = sd["dh"].toTensor() * go;
     if (sd.count("dw")) grads[1] = sd["dw"].toTensor() * go;
@@ -198,7 +248,8 @@ struct FusedLinearCE : torch::autograd::Function<FusedLinearCE> {
 at::Tensor fused_linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
                                       const at::Tensor& bias, const at::Tensor& labels,
                                       int64_t ignore_index, int64_t chunk_rows,
-                                      std::optional<at::ScalarType> matmul) {
+                                      std::optional<at::ScalarType> matmul, int64_t pad_vocab_to) {
+  const int64_t pad = pad_multiple(hidden, pad_vocab_to);
   PT_CHECK(hidden.size(-1) == weight.size(1), "fused_linear_cross_entropy: hidden size ",
            hidden.size(-1), " does not match weight ", weight.sizes());
   PT_CHECK(hidden.numel() / hidden.size(-1) == labels.numel(), "fused_linear_cross_entropy: ",
@@ -209,11 +260,11 @@ at::Tensor fused_linear_cross_entropy(const at::Tensor& hidden, const at::Tensor
                     (hidden.requires_grad() || weight.requires_grad() || (bias.defined() && bias.requires_grad()));
   if (grad) {
     return FusedLinearCE::apply(hidden, weight, bias.defined() ? bias : at::empty({0}, weight.options()), labels,
-                                ignore_index, chunk, static_cast<int64_t>(mm));
+                                ignore_index, chunk, static_cast<int64_t>(mm), pad);
   }
   auto rows = flatten(hidden, labels, ignore_index);
-  auto sum = chunked_loss(rows.h, compute_dtype(weight), bias.defined() ? compute_dtype(bias) : bias, rows.y,
-                          rows.weight, chunk, false, false, false, nullptr, mm);
+  const auto p = pad_vocab(compute_dtype(weight), bias.defined() ? compute_dtype(bias) : bias, pad);
+  auto sum = chunked_loss(rows.h, p.w, p.b, rows.y, rows.weight, chunk, false, false, false, nullptr, mm);
   return finish(sum, rows, hidden.scalar_type());
 }
 

@@ -25,11 +25,16 @@ struct TpSlot;
 /// 2, 8, 32, 64, 128 MB on bench_bert_step tiny; smaller chunks re-read dW more often); on a
 /// GPU ~1 GiB. matmul: the dtype of the matmul operands; unset: the autocast dtype on a GPU
 /// under autocast (bf16/fp16 logits, fp32 log-softmax and accumulators), else fp32. On a GPU
-/// the labelled count stays on the device: no host sync.
+/// the labelled count stays on the device: no host sync. pad_vocab_to: the vocabulary is
+/// padded to a multiple of it inside (zero weight rows, -inf logits: the same loss and
+/// gradients), so that the GEMMs' rows stay aligned; 0 picks 64 on a GPU and none on a CPU. On
+/// a GPU with polytrain's CUDA kernels (ops/cuda_ops.h) the cross-entropy chain of each chunk
+/// is one kernel.
 at::Tensor fused_linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight,
                                       const at::Tensor& bias, const at::Tensor& labels,
                                       int64_t ignore_index = -100, int64_t chunk_rows = 0,
-                                      std::optional<at::ScalarType> matmul = std::nullopt);
+                                      std::optional<at::ScalarType> matmul = std::nullopt,
+                                      int64_t pad_vocab_to = 0);
 
 struct LmHeadOutput {
   at::Tensor loss;    ///< undefined without labels

@@ -11,6 +11,8 @@
 #include "polytrain/models/hf_config.h"
 #include "polytrain/models/hf_layers.h"
 #include "polytrain/models/hf_pretrained.h"
+#include "polytrain/ops/cuda_ops.h"
+#include "polytrain/common/autocast.h"
 
 namespace polytrain {
 
@@ -121,6 +123,9 @@ at::Tensor Gpt2ModelImpl::forward(const at::Tensor& input_ids, const at::Tensor&
   auto masked = torch::ones({len, len}, input_ids.options().dtype(torch::kBool)).triu(1).view({1, 1, len, len});
   if (attention_mask.defined())
     masked = masked.logical_or(attention_mask.eq(0).view({attention_mask.size(0), 1, 1, len}));
+  if (x.is_cuda() && x.scalar_type() == torch::kFloat && cuda_ops::available() && x.size(-1) <= 8192 &&
+      !(checkpoint_blocks && is_training()) && h->size() > 0)
+    return fused_blocks(x, masked);
   for (const auto& m : *h) {
     auto* block = m->as<Gpt2Block>();
     if (checkpoint_blocks && is_training())
@@ -129,6 +134,30 @@ at::Tensor Gpt2ModelImpl::forward(const at::Tensor& input_ids, const at::Tensor&
       x = block->forward(x, masked);
   }
   return norm(ln_f, x);
+}
+
+at::Tensor Gpt2ModelImpl::fused_blocks(at::Tensor x, const at::Tensor& masked) {
+  // The same math as Gpt2Block::forward: x + attn(ln_1(x)), then + mlp(ln_2(.)); each add
+  // and the LayerNorm after it (the next block's ln_1, or ln_f) are one kernel. The blocks'
+  // LayerNorm outputs come out in the autocast dtype their GEMMs would cast them to; ln_f's in
+  // fp32, as norm() returns it.
+  const auto inner = autocast_type(x.device().type()).value_or(x.scalar_type());
+  std::vector<Gpt2BlockImpl*> blocks;
+  for (const auto& m : *h) blocks.push_back(m->as<Gpt2BlockImpl>());
+  auto a = norm(blocks[0]->ln_1, x).to(inner);
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    auto* b = blocks[i];
+    auto attn_out = b->attn(a, masked);
+    auto [h1, m_in] = cuda_ops::add_layer_norm(x, attn_out, b->ln_2->weight, b->ln_2->bias, b->ln_2->options.eps(), inner);
+    auto mlp_out = b->mlp(m_in);
+    const bool last = i + 1 == blocks.size();
+    auto& next = last ? ln_f : blocks[i + 1]->ln_1;
+    auto [h2, n_in] = cuda_ops::add_layer_norm(h1, mlp_out, next->weight, next->bias, next->options.eps(),
+                                               last ? torch::kFloat : inner);
+    x = h2;
+    a = n_in;
+  }
+  return a;
 }
 
 Gpt2LMHeadModelImpl::Gpt2LMHeadModelImpl(const Gpt2Config& cfg) : config_(cfg) {

@@ -74,6 +74,11 @@ struct Gpt2ModelImpl : torch::nn::Module {
   torch::nn::ModuleList h{nullptr};
   torch::nn::LayerNorm ln_f{nullptr};
   bool checkpoint_blocks = false;
+
+ private:
+  /// The blocks with each residual add and the LayerNorm after it in one kernel (ops/cuda_ops.h):
+  /// a GPU, fp32 residual stream, no activation checkpointing.
+  at::Tensor fused_blocks(at::Tensor x, const at::Tensor& masked);
 };
 TORCH_MODULE(Gpt2Model);
 

@@ -14,6 +14,7 @@
 #include "polytrain/common/error.h"
 #include "polytrain/models/hf_layers.h"
 #include "polytrain/models/hf_pretrained.h"
+#include "polytrain/ops/cuda_ops.h"
 #include "polytrain/checkpoint/safetensors.h"
 
 namespace polytrain {
@@ -79,6 +80,11 @@ T5LayerNormImpl::T5LayerNormImpl(int64_t size, double eps) : eps_(eps) {
 }
 
 at::Tensor T5LayerNormImpl::forward(const at::Tensor& x) {
+  if (x.is_cuda() && weight.scalar_type() == at::kFloat && cuda_ops::available() && x.size(-1) <= 8192) {
+    // One kernel each way (ops/cuda_ops.h), the same dtypes as the formula below gives.
+    const auto ac = autocast_type(x.device().type());
+    return cuda_ops::rms_norm(x, weight, eps_, ac ? (feeds_gemms ? *ac : at::kFloat) : x.scalar_type());
+  }
   auto variance = x.to(at::kFloat).pow(2).mean(-1, /*keepdim=*/true);
   auto h = x * torch::rsqrt(variance + eps_);
   if (weight.scalar_type() == at::kHalf || weight.scalar_type() == at::kBFloat16) h = h.to(weight.scalar_type());
@@ -138,6 +144,7 @@ T5LayerAttentionImpl::T5LayerAttentionImpl(const T5Config& cfg, bool cross, bool
   attention = register_module(cross ? "EncDecAttention" : "SelfAttention",
                               T5Attention(cfg, has_relative_attention_bias, bidirectional));
   layer_norm = register_module("layer_norm", T5LayerNorm(cfg.d_model, cfg.layer_norm_epsilon));
+  layer_norm->feeds_gemms = true;
   dropout = register_module("dropout", Dropout(cfg.dropout_rate));
 }
 
@@ -158,6 +165,7 @@ T5LayerFFImpl::T5LayerFFImpl(const T5Config& cfg) : act_(cfg.dense_act_fn()), ga
   act_dropout = dense->register_module("dropout", Dropout(cfg.dropout_rate));
   register_module("DenseReluDense", dense);
   layer_norm = register_module("layer_norm", T5LayerNorm(cfg.d_model, cfg.layer_norm_epsilon));
+  layer_norm->feeds_gemms = true;
   dropout = register_module("dropout", Dropout(cfg.dropout_rate));
   check_hf_activation(act_, "model.feed_forward_proj");  // fails at build time, not mid-run
 }

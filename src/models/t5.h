@@ -24,6 +24,9 @@ struct T5LayerNormImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& x);
   at::Tensor weight;
   double eps_;
+  /// Its output only feeds matrix products (the sublayers' norms; not the stacks' final norm):
+  /// on a GPU under autocast the fused kernel writes it in the autocast dtype directly.
+  bool feeds_gemms = false;
 };
 TORCH_MODULE(T5LayerNorm);
 
