@@ -17,10 +17,11 @@
 # embeddings, biases and LayerNorms left out). BERT: the head only at the 15% of labelled
 # positions (the work the loss needs; HF computes it at every position). T5: encoder layers on
 # encoder tokens, decoder layers and head on decoder tokens, self and cross attention.
-# Order: the build (niced) beside the torch.compile runs, then the 200-step curves, the
-# headline pairs (polytrain next to Python eager), the kernel profiles of both sides
-# (bench_gpu_profile, gpu_step_torch.py eager-profile) and the switches one at a time; items
-# that would pass DEADLINE seconds are skipped and the summary still prints.
+# Order: the build (niced, with the GPU tests) beside the torch.compile runs, then the GPU
+# tests, the headline pairs (polytrain next to Python eager), GPT-2 without polytrain's CUDA
+# kernels, polytrain's kernel profiles (GPT-2, T5), the 200-step curves, every backend on the
+# GPU (bench/gpu_backends.py) and Python's eager profile; items that would pass DEADLINE seconds
+# are skipped and the summary still prints.
 # env: STEPS (10), GPT2_BATCHES (64,48,32,16), BERT_BATCHES (128,96,64,32), T5_BATCHES
 # (256,128,64), CURVE_STEPS (200), PROFILE_BATCH (32), DEADLINE (540), SKIP_PY_COMPILE=1,
 # SKIP_BUILD=1 (reuse build-gpu/ on a machine still warm from the last call).
@@ -38,6 +39,9 @@ PY="${PY:-python3}"
 STEPS="${STEPS:-10}"
 GB="${GPT2_BATCHES:-64,48,32,16}" BB="${BERT_BATCHES:-128,96,64,32}" TB="${T5_BATCHES:-256,128,64}"
 export PYTHONUNBUFFERED=1
+# polytrain's CUDA kernels (src/ops) are off by default until they have run on a GPU: on here
+# for every polytrain run, off for the "nokernels" comparison.
+export POLYTRAIN_FUSED_KERNELS="${POLYTRAIN_FUSED_KERNELS:-1}"
 {
   echo "== machine"
   uname -sr; grep PRETTY_NAME /etc/os-release; g++ --version | head -1; nproc

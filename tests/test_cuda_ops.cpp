@@ -22,8 +22,9 @@ namespace {
 
 #define NEED_KERNELS()                                                                   \
   do {                                                                                   \
-    if (!torch::cuda::is_available() || !cuda_ops::available())                          \
+    if (!torch::cuda::is_available() || !cuda_ops::built())                              \
       GTEST_SKIP() << "needs a GPU and a build with polytrain's CUDA kernels";           \
+    cuda_ops::set_enabled(true);                                                         \
   } while (0)
 
 // |got - want| <= atol + rtol |want| everywhere; prints the worst element otherwise.

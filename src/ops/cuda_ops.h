@@ -10,8 +10,11 @@
 
 namespace polytrain::cuda_ops {
 
-/// The kernels are in this build and not switched off (POLYTRAIN_FUSED_KERNELS=0 in the
-/// environment, or set_enabled(false): the unfused paths, for comparisons).
+/// The kernels are in this build (a CUDA libtorch and nvcc at configure time).
+bool built();
+/// Built and switched on: POLYTRAIN_FUSED_KERNELS=1 in the environment, or set_enabled(true).
+/// Off by default until they have passed test_cuda_ops on a GPU; off, the models take their
+/// unfused ATen paths (the padded vocabulary of the fused LM loss does not depend on this).
 bool available();
 void set_enabled(bool on);
 
