@@ -66,16 +66,7 @@ struct Fixture : ::testing::Test {
     fs::remove_all(dir);
     fs::create_directories(dir);
     // bert_tiny, dropout off, global batch 16; micro and world size come from the flags.
-    json c = polytrain::testing::shipped_config("bert_tiny.json");
-    c["model"]["hidden_dropout_prob"] = 0.0;
-    c["model"]["attention_probs_dropout_prob"] = 0.0;
-    c.erase("gradient_accumulation_steps");
-    c["trainer"]["num_threads"] = 0;
-    c["trainer"]["eval_interval"] = 1000;
-    c["trainer"]["log_interval"] = 1;
-    c["trainer"]["progress_bar"] = false;
-    c["trainer"]["save_safetensors"] = true;
-    c["trainer"]["experiments_dir"] = (dir / "exp").string();
+    json c = polytrain::testing::deterministic_bert_tiny(dir / "exp", 0);
     std::ofstream(dir / "config.json") << c.dump(2);
   }
   void TearDown() override {

@@ -18,6 +18,7 @@
 
 #include "helpers/free_port.h"
 #include "polytrain/common/error.h"
+#include "helpers/swarm_helpers.h"
 #include "polytrain/swarm/butterfly.h"
 #include "polytrain/swarm/compression.h"
 #include "polytrain/swarm/state.h"
@@ -25,6 +26,8 @@
 
 namespace hm = polytrain::hivemind;
 using namespace std::chrono_literals;
+
+using polytrain::testing::group_of;
 
 namespace {
 
@@ -38,12 +41,6 @@ std::vector<float> random_vector(size_t n, uint64_t seed) {
   return v;
 }
 
-hm::Group group_of(const std::vector<std::unique_ptr<Peer>>& peers, const std::string& id) {
-  hm::Group g;
-  g.group_id = id;
-  for (size_t i = 0; i < peers.size(); ++i) g.members.push_back({"peer" + std::to_string(i), peers[i]->address(), 1.0});
-  return g;
-}
 
 // Runs one round on every peer but those listed in `absent`, each on its own thread.
 std::vector<hm::AllReduceReport> run_round(std::vector<std::unique_ptr<Peer>>& peers, const hm::Group& g,

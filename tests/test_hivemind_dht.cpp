@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "polytrain/common/error.h"
+#include "helpers/swarm_helpers.h"
 #include "polytrain/swarm/butterfly.h"
 #include "polytrain/swarm/dht.h"
 #include "polytrain/swarm/matchmaking.h"
@@ -32,6 +33,8 @@
 
 namespace hm = polytrain::hivemind;
 using namespace std::chrono_literals;
+
+using polytrain::testing::eventually;
 
 namespace {
 
@@ -50,16 +53,6 @@ hm::Record progress_record(uint64_t counter, int64_t ttl_ms = 60'000) {
   return r;
 }
 
-// Waits up to `limit` for cond().
-template <typename F>
-bool eventually(F cond, std::chrono::milliseconds limit) {
-  const auto end = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < end) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(20ms);
-  }
-  return cond();
-}
 
 }  // namespace
 

@@ -51,16 +51,7 @@ struct Swarm : ::testing::Test {
   fs::path dir = tmp.path;
   void SetUp() override {
     PT_SKIP_UNLESS(assets_present(), "the BERT vocab in .cache/assets (scripts/fetch_assets.sh)");
-    json c = polytrain::testing::shipped_config("bert_tiny.json");
-    c["model"]["hidden_dropout_prob"] = 0.0;
-    c["model"]["attention_probs_dropout_prob"] = 0.0;
-    c.erase("gradient_accumulation_steps");
-    c["trainer"]["num_threads"] = 1;
-    c["trainer"]["eval_interval"] = 1000;
-    c["trainer"]["log_interval"] = 1;
-    c["trainer"]["progress_bar"] = false;
-    c["trainer"]["save_safetensors"] = true;
-    c["trainer"]["experiments_dir"] = (dir / "exp").string();
+    json c = polytrain::testing::deterministic_bert_tiny(dir / "exp", 1);
     std::ofstream(dir / "config.json") << c.dump(2);
   }
 

@@ -215,7 +215,11 @@ void add_hivemind_values(CLI::App& app, ConfigFlags& flags) {
   flag("bootstrap_timeout", "seconds to join the swarm through --initial_peers", d.bootstrap_timeout);
   flag("metadata_expiration", "seconds a peer's progress record lives in the DHT (>= 11)", d.metadata_expiration);
   flag("load_state_timeout", "seconds a whole state download from other peers may take", d.load_state_timeout);
-  flag("bandwidth", "relative share of each average this peer reduces", d.bandwidth);
+  flag("bandwidth", "relative share of each average this peer reduces (at most 1e6)", d.bandwidth);
+  flag("aggregation", "how a reducer combines its part of the gradients: mean or centered_clip", d.aggregation);
+  flag("centered_clip_tau", "centered_clip's radius (L2 over a whole part)", d.centered_clip_tau);
+  flag("centered_clip_iterations", "centered_clip's iterations from the coordinate-wise median",
+       d.centered_clip_iterations);
 }
 
 // --averaging_expiration is hivemind's CollaborativeOptimizer name of matchmaking_time (its JSON

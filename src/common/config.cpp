@@ -458,11 +458,16 @@ void parse_hivemind(const json* j, ParseContext& ctx, HivemindConfig& h) {
   r.above("min_group_size", h.min_group_size, int64_t{0});
   if (h.target_group_size < h.min_group_size)
     r.fail("target_group_size", cat("(", h.target_group_size, ") is below hivemind.min_group_size (", h.min_group_size, ")"));
-  if (!(h.bandwidth > 0) || !std::isfinite(h.bandwidth)) r.fail("bandwidth", "must be > 0");
+  // The swarm counts a declared bandwidth at most 1e6 (src/swarm/butterfly.h, kMaxDeclaredBandwidth).
+  if (!(h.bandwidth > 0) || !(h.bandwidth <= 1e6)) r.fail("bandwidth", cat("must be in (0, 1e6], got ", h.bandwidth));
   if (h.assist_in_averaging && h.client_mode)
     r.fail("assist_in_averaging", "cannot be combined with hivemind.client_mode: an auxiliary peer reduces parts of "
                                   "the others' averages, so it must accept connections (hivemind's rule)");
   r.one_of("compression", h.compression, {"none", "fp16", "scaled_fp16", "uint8"});
+  r.one_of("aggregation", h.aggregation, {"mean", "centered_clip"});
+  if (!(h.centered_clip_tau > 0) || !std::isfinite(h.centered_clip_tau))
+    r.fail("centered_clip_tau", cat("must be a finite number > 0, got ", h.centered_clip_tau));
+  r.above("centered_clip_iterations", h.centered_clip_iterations, int64_t{0});
   r.at_least("average_state_every", h.average_state_every, int64_t{0});
   r.at_least("expected_peers", h.expected_peers, int64_t{0});
   r.at_least("num_streams", h.num_streams, int64_t{0});

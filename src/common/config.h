@@ -288,6 +288,11 @@ struct HivemindConfig {
   bool assist_in_averaging = false;
   double bandwidth = 1.0;                 ///< relative share of each average this peer reduces
   std::string compression = "none";       ///< none, fp16, scaled_fp16, uint8
+  /// How a reducer combines its part: "mean" (weighted by samples) or "centered_clip"
+  /// (CenteredClip, robust to a minority of poisoned contributions; src/swarm/robust.h).
+  std::string aggregation = "mean";
+  double centered_clip_tau = 1.0;         ///< CenteredClip's clipping radius (L2, per part)
+  int64_t centered_clip_iterations = 5;   ///< at most this many CenteredClip iterations
   int64_t average_state_every = 1;        ///< also average parameters every k global steps (0 = never)
   /// Optimizer statistics averaged with the parameters (hivemind's average_opt_statistics), e.g.
   /// ["exp_avg", "exp_avg_sq"]; optimizer_statistics() lists those of each optimizer.

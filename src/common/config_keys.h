@@ -353,6 +353,8 @@ void visit(V& v, HivemindConfig& h) {
   v("min_group_size", h.min_group_size), v("target_group_size", h.target_group_size);
   v("client_mode", h.client_mode), v("assist_in_averaging", h.assist_in_averaging);
   v("bandwidth", h.bandwidth), v("compression", h.compression);
+  v("aggregation", h.aggregation), v("centered_clip_tau", h.centered_clip_tau);
+  v("centered_clip_iterations", h.centered_clip_iterations);
   v("average_state_every", h.average_state_every), v("average_opt_statistics", h.average_opt_statistics);
   v("offload_optimizer", h.offload_optimizer);
   v("delay_optimizer_step", h.delay_optimizer_step), v("identity_path", h.identity_path);

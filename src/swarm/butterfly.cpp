@@ -70,7 +70,9 @@ void weighted_mean(float* __restrict mine, size_t n, double w0, const std::vecto
 }  // namespace
 
 std::string AllReduceReport::warning() const {
-  if (failed_reducers.empty() && excluded_senders.empty() && rejected_senders.empty()) return "";
+  if (failed_reducers.empty() && excluded_senders.empty() && rejected_senders.empty() && clipped_senders.empty() &&
+      banned_members.empty() && newly_banned.empty())
+    return "";
   std::ostringstream os;
   if (!failed_reducers.empty()) {
     os << "averaging: " << failed_reducers.size() << " reducer(s) failed, " << std::fixed;
@@ -85,6 +87,14 @@ std::string AllReduceReport::warning() const {
        << "left out for non-finite values or a weight out of bounds:";
     for (const auto& id : rejected_senders) os << ' ' << id;
   }
+  auto names = [&](const char* what, const std::vector<std::string>& ids) {
+    if (ids.empty()) return;
+    os << (os.tellp() > 0 ? "; " : "averaging: ") << what << ':';
+    for (const auto& id : ids) os << ' ' << id;
+  };
+  names("clipped by more than half its norm (centered_clip)", clipped_senders);
+  names("banned earlier, left out", banned_members);
+  names("banned from later groups after repeated offences", newly_banned);
   return os.str();
 }
 
@@ -92,7 +102,7 @@ std::vector<size_t> part_sizes(size_t n, const Group& g) {
   std::vector<double> bw(g.members.size(), 0.0);
   for (size_t i = 0; i < bw.size(); ++i)
     if (!g.members[i].address.empty() && g.members[i].bandwidth > 0 && std::isfinite(g.members[i].bandwidth))
-      bw[i] = g.members[i].bandwidth;
+      bw[i] = std::min(g.members[i].bandwidth, kMaxDeclaredBandwidth);
   // No reducer above kMaxBandwidthRatio x the median reducer (the lower median: the same on
   // every member, and a lone huge claim never is it).
   std::vector<double> positive;
@@ -178,7 +188,7 @@ void Averager::handle(Connection& c, const Frame& hello) {
   if (!round) return refuse("no averaging round " + group_id + " here");
   Round& r = *round;
   if (part != r.self || len != r.len || comp != static_cast<uint32_t>(r.compression) || chunk != r.chunk ||
-      !(weight >= 0.0 && weight < 1e15) || len > kMaxElements)
+      !(weight >= 0.0 && weight < 1e15) || len > kMaxElements)  // the reducer checks the weight's real bound
     return refuse("hello does not match the round (part, length, compression, chunk or weight)");
   Round::Sender* s = nullptr;
   {
@@ -378,12 +388,87 @@ void stream_part(const AllReduceCall& p, size_t j, Outgoing& out) {
   if (c) out.sent = c->bytes_sent(), out.received = c->bytes_received();
 }
 
+// Whether a contribution may enter a part: every value finite, and a weight (a count of
+// samples) within the round's bound (a step's samples are bounded by the swarm's target batch)
+// and within what the sender itself claimed, where the caller knows it.
+bool acceptable(const AllReduceOptions& o, const std::string& peer, double w, const float* v, size_t n) {
+  if (!(w <= o.max_weight)) return false;
+  if (o.sender_max_weight && !(w <= o.sender_max_weight(peer))) return false;
+  return all_finite(v, n);
+}
+
+/// The contributions a reducer combines: this peer's own part first (if it counts), then the
+/// senders in index order, with the member index of each.
+struct PartInputs {
+  bool self_in = false;
+  double self_weight = 0.0;
+  std::vector<std::pair<double, const float*>> in;  // the senders' (weight, values)
+  std::vector<size_t> members;                        // member index of each of `in`
+  double total = 0.0;
+  size_t delivered = 0;  // senders that delivered all of it, the rejected ones too
+};
+
+// Callers pass other members only: a peer does not ban itself for its own bad part.
+void count_offence(Offences& offences, const std::string& peer, AllReduceReport* report) {
+  if (offences.record(peer)) report->newly_banned.push_back(peer);
+}
+
+PartInputs gather_inputs(Averager::Round& r, const AllReduceCall& p, Offences& offences, AllReduceReport* report) {
+  using Round = Averager::Round;
+  const Group& g = p.g;
+  PartInputs pi;
+  // A contribution with a non-finite value or a weight out of bounds is left out (this peer's
+  // own too): one member's NaN or 1e15 samples no longer reach the whole group. An auxiliary
+  // peer's own values are not a contribution: they are never read.
+  const bool auxiliary = g.members[g.self].auxiliary;
+  pi.self_in = !auxiliary && acceptable(p.o, g.members[g.self].peer_id, p.weight, p.data + p.offsets[g.self], r.len);
+  if (!auxiliary && !pi.self_in) report->rejected_senders.push_back(g.members[g.self].peer_id);
+  pi.self_weight = pi.self_in ? p.weight : 0.0;
+  pi.total = pi.self_weight;
+  for (auto& [i, s] : r.senders) {
+    const std::string& id = g.members[i].peer_id;
+    if (s.state != Round::State::kComplete) {
+      report->excluded_senders.push_back(id);
+      continue;
+    }
+    ++pi.delivered;
+    if (!acceptable(p.o, id, s.weight, s.values.get(), r.len)) {
+      report->rejected_senders.push_back(id);  // still gets the average back
+      count_offence(offences, id, report);
+      continue;
+    }
+    pi.total += s.weight;
+    pi.in.emplace_back(s.weight, s.values.get());
+    pi.members.push_back(i);
+  }
+  return pi;
+}
+
+// CenteredClip over the part's inputs into `mine`; names the contributions scaled by less than
+// one half. Those count as offences only while they are a minority of the part: a tau too small
+// for the swarm's honest spread clips everyone, and must not ban the swarm.
+void clip_part(float* mine, size_t len, const AllReduceCall& p, const PartInputs& pi, bool plain, Offences& offences,
+               AllReduceReport* report) {
+  std::vector<Contribution> all;
+  std::vector<size_t> who;
+  if (pi.self_in) all.push_back({plain ? 1.0 : pi.self_weight, mine}), who.push_back(p.g.self);
+  for (size_t k = 0; k < pi.in.size(); ++k)
+    all.push_back({plain ? 1.0 : pi.in[k].first, pi.in[k].second}), who.push_back(pi.members[k]);
+  const auto res = centered_clip(all, len, p.o.centered_clip_tau, p.o.centered_clip_iterations, mine);
+  std::vector<size_t> clipped;
+  for (size_t k = 0; k < all.size(); ++k)
+    if (res.kept[k] < 0.5) clipped.push_back(who[k]);
+  for (size_t i : clipped) {
+    report->clipped_senders.push_back(p.g.members[i].peer_id);
+    if (2 * clipped.size() < all.size() && i != p.g.self) count_offence(offences, p.g.members[i].peer_id, report);
+  }
+}
+
 /// Averages this peer's own part over the senders that delivered it and hands it to the streams that send it back.
-void reduce_own_part(Averager::Round& r, const AllReduceCall& p, AllReduceReport* report) {
+void reduce_own_part(Averager::Round& r, const AllReduceCall& p, Offences& offences, AllReduceReport* report) {
   using Round = Averager::Round;
   const Group& g = p.g;
   const Deadline deadline = p.deadline;
-  const double weight = p.weight;
   std::unique_lock<std::mutex> lock(r.mu);
   auto settled = [&] {
     const auto now = Clock::now();
@@ -395,47 +480,25 @@ void reduce_own_part(Averager::Round& r, const AllReduceCall& p, AllReduceReport
   };
   while (!settled() && Clock::now() < deadline)  // every change of a sender's state notifies
     r.cv.wait_until(lock, Clock::now() < r.first_contact ? r.first_contact : deadline);
-  const size_t off = p.offsets[g.self];
-  float* mine = p.data + off;
-  // A contribution with a non-finite value or a weight above max_weight is left out (this
-  // peer's own too): one member's NaN or 1e15 samples no longer reach the whole group. An
-  // auxiliary peer's own values are not a contribution: they are never read.
-  auto acceptable = [&](double w, const float* v) { return w <= p.o.max_weight && all_finite(v, r.len); };
-  const bool auxiliary = g.members[g.self].auxiliary;
-  const bool self_in = !auxiliary && acceptable(weight, mine);
-  if (!auxiliary && !self_in) report->rejected_senders.push_back(g.members[g.self].peer_id);
-  double total = self_in ? weight : 0.0;
-  size_t count = self_in ? 1 : 0;
-  std::vector<std::pair<double, const float*>> in;  // the senders that delivered all of it
-  size_t delivered = 0;                             // ... of which the rejected ones, too
-  for (auto& [i, s] : r.senders) {
-    if (s.state != Round::State::kComplete) {
-      report->excluded_senders.push_back(g.members[i].peer_id);
-      continue;
-    }
-    ++delivered;
-    if (!acceptable(s.weight, s.values.get())) {
-      report->rejected_senders.push_back(g.members[i].peer_id);  // still gets the average back
-      continue;
-    }
-    total += s.weight;
-    ++count;
-    in.emplace_back(s.weight, s.values.get());
-  }
+  float* mine = p.data + p.offsets[g.self];
+  PartInputs pi = gather_inputs(r, p, offences, report);
+  const size_t count = pi.in.size() + (pi.self_in ? 1 : 0);
   // Nobody accumulated samples: the plain mean.
-  const bool plain = !(total > 0);
-  const double w0 = !self_in ? 0.0 : plain ? 1.0 : weight, divisor = plain ? static_cast<double>(count) : total;
-  if (plain)
-    for (auto& e : in) e.first = 1.0;
-  if (count > 0) {  // else nothing acceptable, not even this peer's own: the part keeps its values
-    if (!self_in) std::fill(mine, mine + r.len, 0.0f);  // weight 0, and 0 x NaN would be NaN
-    weighted_mean(mine, r.len, w0, in, divisor);
+  const bool plain = !(pi.total > 0);
+  const double w0 = !pi.self_in ? 0.0 : plain ? 1.0 : pi.self_weight, divisor = plain ? static_cast<double>(count) : pi.total;
+  if (count > 0 && p.o.aggregation == Aggregation::kCenteredClip) {
+    clip_part(mine, r.len, p, pi, plain, offences, report);
+  } else if (count > 0) {  // else nothing acceptable, not even this peer's own: the part keeps its values
+    if (plain)
+      for (auto& e : pi.in) e.first = 1.0;
+    if (!pi.self_in) std::fill(mine, mine + r.len, 0.0f);  // weight 0, and 0 x NaN would be NaN
+    weighted_mean(mine, r.len, w0, pi.in, divisor);
   }
-  report->part_weight = total;
+  report->part_weight = pi.total;
   report->part_elements = r.len;
   report->part_senders = count;
   r.average = mine;
-  r.results_pending = delivered;  // every stream that delivered streams the result back
+  r.results_pending = pi.delivered;  // every stream that delivered streams the result back
   r.averaged = true;
   r.cv.notify_all();
 }
@@ -467,7 +530,8 @@ std::shared_ptr<Averager::Round> Averager::register_round(const Group& g, size_t
   round->first_contact = earliest(t0 + o.next_chunk_timeout, deadline);
   round->next_chunk = o.next_chunk_timeout;
   for (size_t i = 0; i < g.members.size(); ++i)
-    if (i != g.self && !g.members[i].auxiliary) round->senders[i];  // an auxiliary member sends nothing
+    // An auxiliary member sends nothing; a banned one is not waited for (its hello is refused).
+    if (i != g.self && !g.members[i].auxiliary && !offences_.banned(g.members[i].peer_id)) round->senders[i];
   std::lock_guard<std::mutex> lock(mu_);
   rounds_[g.group_id] = round;
   cv_.notify_all();
@@ -503,15 +567,22 @@ AllReduceReport Averager::allreduce(const Group& g, float* data, size_t n, doubl
   // Stream every other part to its reducer; apply what comes back (an auxiliary peer has no
   // vector of its own to send).
   std::vector<Outgoing> out(g.members.size());
+  size_t banned_part = 0;  // a banned reducer is sent nothing: its part stays local
   for (size_t j = 0; j < g.members.size(); ++j) {
+    if (j != g.self && offences_.banned(g.members[j].peer_id)) report.banned_members.push_back(g.members[j].peer_id);
     if (j == g.self || sizes[j] == 0 || g.members[g.self].auxiliary) continue;
+    if (offences_.banned(g.members[j].peer_id)) {
+      banned_part += sizes[j];
+      continue;
+    }
     out[j].kept = sizes[j];
     out[j].thread = std::thread([&, j] { stream_part(call, j, out[j]); });
   }
 
   // Reduce this peer's own part once every sender delivered or failed (or time ran out).
-  if (round) reduce_own_part(*round, call, &report);
+  if (round) reduce_own_part(*round, call, offences_, &report);
   join_streams(call, out, &report);
+  if (n > 0) report.local_fraction += static_cast<double>(banned_part) / static_cast<double>(n);
   if (round) {
     release_round(g.group_id, *round);
     std::lock_guard<std::mutex> lock(round->mu);  // the bytes of serving this peer's own part

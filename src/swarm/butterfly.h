@@ -22,6 +22,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -31,6 +32,7 @@
 #include <vector>
 
 #include "polytrain/swarm/compression.h"
+#include "polytrain/swarm/robust.h"
 #include "polytrain/swarm/wire.h"
 
 namespace polytrain::hivemind {
@@ -63,11 +65,23 @@ struct AllReduceOptions {
   /// non-finite values do: one member cannot outweigh the group (the samples of a step are
   /// bounded by the swarm's target batch).
   double max_weight = std::numeric_limits<double>::infinity();
+  /// A tighter bound per sender (peer id -> the most samples it can have behind this round,
+  /// e.g. what its signed progress records claimed); empty: max_weight alone.
+  std::function<double(const std::string&)> sender_max_weight;
+  /// How the reducer combines its part's contributions (hivemind.aggregation): the weighted
+  /// mean, or CenteredClip with this tau and at most this many iterations (robust.h).
+  Aggregation aggregation = Aggregation::kMean;
+  double centered_clip_tau = 1.0;
+  int centered_clip_iterations = 5;
 };
 
 /// A reducer's share of the vector is its bandwidth, capped at this many times the median
 /// bandwidth of the group's reducers: a member declaring 1e300 reduces a bounded part.
 constexpr double kMaxBandwidthRatio = 4.0;
+/// A declared bandwidth counts at most this much wherever it is read (a join, a declaration, a
+/// group list): a relative share, so no honest setting needs more (hivemind.bandwidth is
+/// validated against it), and no sum or product of a group's bandwidths overflows.
+constexpr double kMaxDeclaredBandwidth = 1e6;
 
 struct AllReduceReport {
   double local_fraction = 0.0;  ///< of the vector left as it was (its reducer failed before answering it)
@@ -76,6 +90,12 @@ struct AllReduceReport {
   /// Senders left out of this peer's own part for non-finite values or a weight above
   /// max_weight (this peer's own id when its own part was).
   std::vector<std::string> rejected_senders;
+  /// Contributions to this peer's own part that CenteredClip scaled by less than one half.
+  std::vector<std::string> clipped_senders;
+  /// Members banned earlier (Offences): left out of this peer's part, and not sent parts to.
+  std::vector<std::string> banned_members;
+  /// Members this round's offences banned for the rest of the run.
+  std::vector<std::string> newly_banned;
   double part_weight = 0.0;                   ///< samples behind this peer's own part's average
   size_t part_elements = 0;                   ///< of this peer's own part (0: it reduced nothing)
   size_t part_senders = 0;                    ///< contributions averaged into this peer's own part
@@ -102,6 +122,9 @@ class Averager {
   void handle(Connection& c, const Frame& hello);
   /// Rounds registered now (tests: memory does not grow across rounds).
   size_t rounds() const;
+  /// The offences seen in this peer's own parts over the run, and who is banned for them.
+  Offences& offences() { return offences_; }
+  const Offences& offences() const { return offences_; }
 
   struct Round;
 
@@ -115,6 +138,7 @@ class Averager {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::string, std::shared_ptr<Round>> rounds_;
+  Offences offences_;
 };
 
 /// Dispatches each incoming stream on the type of its first frame.

@@ -28,6 +28,10 @@ namespace {
 constexpr dht::ValueType::Id kRecordType = 0x5054;  // "PT"
 constexpr auto kRecordTypeExpiration = std::chrono::minutes(5);
 constexpr int64_t kMaxTtlMs = 5 * 60 * 1000;
+// What an OpenDHT packet can be: a UDP payload (values larger than 600 bytes travel in parts,
+// which allowed_packet drops), nested a few levels (message, args, values, value, body).
+constexpr size_t kMaxDatagram = 65'507;
+constexpr int kMaxDepth = 16;
 
 std::string blob_view(const dht::Blob& b) { return std::string(reinterpret_cast<const char*>(b.data()), b.size()); }
 
@@ -57,11 +61,17 @@ bool is_str(const msgpack::object* o, std::string_view s) {
 // packet; records never are) and the parts themselves are dropped too. Other messages (ping,
 // find, get, listen, refresh, replies) pass.
 // Every packet is first checked by fields::bounded_msgpack (declared sizes backed by bytes,
-// depth <= 16, no trailing bytes), so parsing one costs at most ~24 bytes per byte received.
+// depth <= 16, no trailing bytes), so parsing one costs at most ~24 bytes per byte received;
+// the unpack_limit below says the same to msgpack itself, should the two ever disagree.
 bool allowed_packet(const uint8_t* data, size_t size) {
-  if (!fields::bounded_msgpack(reinterpret_cast<const char*>(data), size, 16)) return false;
+  if (size > kMaxDatagram || !fields::bounded_msgpack(reinterpret_cast<const char*>(data), size, kMaxDepth))
+    return false;
   try {
-    msgpack::object_handle oh = msgpack::unpack(reinterpret_cast<const char*>(data), size);
+    size_t off = 0;
+    const auto n = static_cast<uint32_t>(size);
+    msgpack::object_handle oh = msgpack::unpack(reinterpret_cast<const char*>(data), size, off, nullptr, nullptr,
+                                                msgpack::unpack_limit(n, n / 2, n, n, n, kMaxDepth + 1));
+    if (off != size) return false;
     const msgpack::object& msg = oh.get();
     if (msg.type != msgpack::type::MAP) return false;
     if (is_str(find_key(msg, "y"), "v")) return false;  // value parts
@@ -133,6 +143,8 @@ int udp_bind_errno(const dht::SockAddr& addr) {
 }
 
 }  // namespace
+
+bool datagram_allowed(const uint8_t* data, size_t size) { return allowed_packet(data, size); }
 
 std::pair<std::string, uint16_t> split_host_port(const std::string& s, const std::string& what) {
   std::string host;

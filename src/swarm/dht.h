@@ -75,6 +75,13 @@ class DhtNode {
   std::unique_ptr<Impl> impl_;
 };
 
+/// Whether a UDP datagram may reach the node's OpenDHT (what every DhtNode asks before
+/// OpenDHT parses it): one msgpack value of at most 65507 bytes whose declared arrays, maps,
+/// strings and binaries its own bytes back, nested at most 16 deep, nothing after it; and
+/// no put of anything but unsigned record values. Parsing it allocates at most ~24 bytes per
+/// byte received.
+bool datagram_allowed(const uint8_t* data, size_t size);
+
 /// Splits HOST:PORT (IPv4 or a name; [v6]:port); InputError naming `what` when malformed.
 std::pair<std::string, uint16_t> split_host_port(const std::string& s, const std::string& what);
 

@@ -73,6 +73,7 @@ std::optional<Declaration> decode_declaration(const std::string& payload) {
     d.expiration_ms = static_cast<int64_t>(rd.u64());
     if (!rd.done() || d.address.empty() || !(d.bandwidth > 0) || !std::isfinite(d.bandwidth) || d.expiration_ms < 0)
       return std::nullopt;
+    d.bandwidth = std::min(d.bandwidth, kMaxDeclaredBandwidth);
     return d;
   } catch (const NetError&) {
     return std::nullopt;
@@ -105,7 +106,7 @@ std::optional<Group> decode_group(const std::string& payload, const std::string&
       Member m;
       m.peer_id = rd.str(kMaxId);
       m.address = rd.str(kMaxAddress);
-      m.bandwidth = rd.f64();
+      m.bandwidth = std::min(rd.f64(), kMaxDeclaredBandwidth);  // the same clamp on every member
       const uint32_t aux = rd.u32();
       m.auxiliary = aux == 1;
       if (!ids.insert(m.peer_id).second || !std::isfinite(m.bandwidth) || m.bandwidth < 0 || aux > 1 ||
@@ -143,6 +144,20 @@ void Matchmaker::stop() {
   disband_locked("");
   cv_.notify_all();
   cv_.wait_for(lock, std::chrono::seconds(2), [&] { return serving_ == 0; });
+}
+
+void Matchmaker::set_banned(std::function<bool(const std::string&)> banned) {
+  std::lock_guard<std::mutex> lock(mu_);
+  banned_ = std::move(banned);
+}
+
+bool Matchmaker::is_banned(const std::string& peer_id) const {
+  std::function<bool(const std::string&)> banned;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    banned = banned_;
+  }
+  return banned && banned(peer_id);
 }
 
 uint64_t Matchmaker::refused(JoinCode c) const {
@@ -205,6 +220,11 @@ void Matchmaker::serve_join(Connection& c, const Frame& f) {
     } catch (const NetError&) {
       valid = false;  // truncated or oversized fields
     }
+    // Clamped after the signature check (which covers the declared value): one member's 1e300
+    // would otherwise dominate every sum of bandwidths the group computes.
+    m.bandwidth = std::min(m.bandwidth, kMaxDeclaredBandwidth);
+    // A peer banned for poisoning this peer's parts is not taken into its groups again.
+    valid = valid && !is_banned(m.peer_id);
     if (!valid) {
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -408,6 +428,7 @@ std::optional<Group> Matchmaker::find_group(const MatchmakingOptions& o, const s
       if (d->peer_id == id_->peer_id() || d->expiration_ms <= now_ms) continue;
       if (!client && !earlier(d->expiration_ms, d->peer_id, my_exp, id_->peer_id())) continue;
       if (tried.count(d->peer_id) && d->peer_id != next_leader) continue;
+      if (is_banned(d->peer_id)) continue;  // never follow a peer banned for poisoning
       candidates.push_back(*d);
     }
     std::sort(candidates.begin(), candidates.end(), [](const Declaration& a, const Declaration& b) {

@@ -92,6 +92,10 @@ class Matchmaker {
   /// streams being served finish (bounded); call before stopping the server.
   void stop();
 
+  /// Peers this one neither accepts as followers (PROTOCOL_VIOLATION) nor joins as leaders,
+  /// e.g. those Averager::offences() banned; empty (the default): none.
+  void set_banned(std::function<bool(const std::string&)> banned);
+
   /// Join requests refused so far, by code (tests, logs).
   uint64_t refused(JoinCode c) const;
 
@@ -102,6 +106,7 @@ class Matchmaker {
                                 std::string* suggested);
   void disband_locked(const std::string& suggested);
   Group begin_locked();
+  bool is_banned(const std::string& peer_id) const;
 
   DhtNode& dht_;
   std::shared_ptr<const Identity> id_;
@@ -121,6 +126,7 @@ class Matchmaker {
   std::vector<uint64_t> refused_;
   bool stopping_ = false;
   size_t serving_ = 0;  ///< join streams being served (the destructor waits for them)
+  std::function<bool(const std::string&)> banned_;
 };
 
 /// Group <-> bytes (the leader's kMsgBegin payload).

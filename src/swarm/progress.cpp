@@ -54,8 +54,35 @@ std::optional<PeerProgress> decode_progress(const std::string& payload) {
 
 int epoch_vouchers(int m) { return m <= 2 ? m : std::max(2, m / 2 + 1); }
 
+int64_t reachable_epoch(const EpochBaseline& base, double samples_per_second, int64_t target_batch_size, double now) {
+  if (base.epoch < 0) return INT64_MAX;
+  const double epochs = 2.0 * std::max(0.0, samples_per_second) * std::max(0.0, now - base.time) /
+                        static_cast<double>(std::max<int64_t>(1, target_batch_size));
+  // Far beyond any real run, and no overflow for a forged throughput.
+  return base.epoch + 1 + static_cast<int64_t>(std::min(epochs, 1e15));
+}
+
+double robust_throughput(std::vector<double> samples_per_second) {
+  samples_per_second.erase(std::remove_if(samples_per_second.begin(), samples_per_second.end(),
+                                          [](double s) { return !(s > 0.0); }),
+                           samples_per_second.end());
+  if (samples_per_second.empty()) return 0.0;
+  const size_t mid = (samples_per_second.size() - 1) / 2;  // the lower median
+  std::nth_element(samples_per_second.begin(), samples_per_second.begin() + mid, samples_per_second.end());
+  const double cap = kMaxThroughputRatio * samples_per_second[mid];
+  double sum = 0.0;
+  for (double s : samples_per_second) sum += std::min(s, cap);
+  return sum;
+}
+
+EpochBaseline advance_baseline(const EpochBaseline& base, const GlobalProgress& g, double now, bool self_trained) {
+  if (base.epoch < 0) return g.vouchers > 0 || self_trained ? EpochBaseline{g.epoch, now} : base;
+  return g.epoch > base.epoch ? EpochBaseline{g.epoch, now} : base;
+}
+
 GlobalProgress aggregate_progress(const std::vector<PeerProgress>& others, const PeerProgress& self,
-                                  int64_t target_batch_size, double now, double min_refresh, double max_refresh) {
+                                  int64_t target_batch_size, double now, double min_refresh, double max_refresh,
+                                  const EpochBaseline& base) {
   GlobalProgress g;
   g.target_batch_size = target_batch_size;
   g.others = others;
@@ -67,13 +94,17 @@ GlobalProgress aggregate_progress(const std::vector<PeerProgress>& others, const
   if (self.auxiliary) ++g.num_auxiliary;
   else all.push_back(self);
   // No epoch on one peer's word: the vouchers-th highest epoch of the other trainers that have
-  // trained (a newcomer still loading has no throughput yet and does not vote).
+  // trained (a newcomer still loading has no throughput yet and does not vote), and none beyond
+  // what the swarm's throughput can have reached since this peer last saw it move.
+  std::vector<double> rates;
+  for (const auto& p : all) rates.push_back(p.samples_per_second);
+  g.reachable = reachable_epoch(base, robust_throughput(rates), target_batch_size, now);
   std::vector<int64_t> epochs;
   g.claimed_epoch = self.epoch;
   for (const auto& p : others) {
     if (p.client_mode || p.auxiliary) continue;
-    g.claimed_epoch = std::max(g.claimed_epoch, p.epoch);
-    if (p.samples_per_second > 0.0) epochs.push_back(p.epoch);
+    if (p.epoch > g.claimed_epoch) g.claimed_epoch = p.epoch, g.claimant = p.peer_id;
+    if (p.samples_per_second > 0.0 && p.epoch <= g.reachable) epochs.push_back(p.epoch);
   }
   for (const auto& p : all) g.num_clients += p.client_mode;
   g.vouchers = epoch_vouchers(static_cast<int>(epochs.size()));
@@ -230,7 +261,10 @@ GlobalProgress ProgressTracker::fetch_and_aggregate() {
     std::lock_guard<std::mutex> lock(mu_);
     self = snapshot();
   }
-  return aggregate_progress(others, self, o_.target_batch_size, unix_seconds());
+  const double now = unix_seconds();
+  GlobalProgress g = aggregate_progress(others, self, o_.target_batch_size, now, 0.05, 5.0, baseline_);
+  baseline_ = advance_baseline(baseline_, g, now, self.samples_per_second > 0.0);
+  return g;
 }
 
 void ProgressTracker::loop() {

@@ -10,6 +10,12 @@
 //    then a strict majority but at least 2. So k hostile identities among them cannot move a
 //    peer's epoch while k < epoch_vouchers(m); an epoch claimed by fewer is reported
 //    (claimed_epoch), not adopted;
+//  - and reachable: once a peer has seen the swarm (an EpochBaseline: the epoch it saw at a
+//    time), a trainer whose epoch is beyond reachable_epoch() does not vote at all. The
+//    throughput counts each trainer at most 4x the median's, so a minority cannot inflate it; a jump by k >= epoch_vouchers(m) identities is still bounded
+//    by what the honest majority's throughput could have done. A peer resumed from a stale or
+//    edited checkpoint (its real throughput, a far epoch) is refused even where it is the only
+//    other trainer (m = 1);
 //  - samples accumulated count only peers at that epoch;
 //  - the ETA of the next epoch extrapolates each such peer's samples from its report time at
 //    its throughput: remaining = target - sum(samples_i + sps_i * (now - time_i)),
@@ -56,10 +62,32 @@ std::optional<PeerProgress> decode_progress(const std::string& payload);
 /// then max(2, a strict majority).
 int epoch_vouchers(int m);
 
+/// The swarm's epoch as this peer last saw it move, and when (Unix seconds); epoch < 0: not seen
+/// yet (a peer joining takes the vouched epoch as it finds it).
+struct EpochBaseline {
+  int64_t epoch = -1;
+  double time = 0.0;
+};
+
+/// The highest epoch a swarm at `base` can have reached by `now` at `samples_per_second`: one
+/// epoch per target_batch_size samples, twice over (records are read late and throughputs are
+/// moving averages), plus the epoch that may be ending as the baseline is taken.
+int64_t reachable_epoch(const EpochBaseline& base, double samples_per_second, int64_t target_batch_size, double now);
+
+/// The throughput a peer trusts for reachable_epoch(): the trainers' reported samples/s summed,
+/// each counted at most kMaxThroughputRatio x their lower median (zeros left out), so that one
+/// inflated record adds little while honest peers of different speeds still add up.
+constexpr double kMaxThroughputRatio = 4.0;
+double robust_throughput(std::vector<double> samples_per_second);
+
 struct GlobalProgress {
   int64_t epoch = 0;
   int64_t claimed_epoch = 0;  ///< the highest epoch any trainer claims (> epoch: not vouched for)
+  std::string claimant;       ///< the peer id of that claim
   int vouchers = 0;           ///< how many trainers had to vouch for an epoch above our own
+  /// The reachable_epoch() bound applied (INT64_MAX: none, no baseline); a claim above it is a
+  /// jump beyond the swarm's throughput and did not vote.
+  int64_t reachable = INT64_MAX;
   int64_t samples_accumulated = 0;
   int64_t samples_reserved = 0;  ///< accumulated plus in flight, at the global epoch
   int64_t target_batch_size = 0;
@@ -75,7 +103,11 @@ struct GlobalProgress {
 /// The swarm's state from the records of the other peers and this one's own.
 GlobalProgress aggregate_progress(const std::vector<PeerProgress>& others, const PeerProgress& self,
                                   int64_t target_batch_size, double now, double min_refresh = 0.05,
-                                  double max_refresh = 5.0);
+                                  double max_refresh = 5.0, const EpochBaseline& base = {});
+/// The baseline after a view `g` taken at `now`: set by the first view in which another trainer
+/// voted or this peer has trained itself (`self_trained`: a founder training alone has seen its
+/// swarm), moved when the vouched epoch moves.
+EpochBaseline advance_baseline(const EpochBaseline& base, const GlobalProgress& g, double now, bool self_trained);
 
 /// hivemind's ready_to_update_epoch, counting samples in flight as accumulated.
 bool ready_to_update_epoch(const GlobalProgress& g, int64_t local_epoch, double now);
@@ -135,6 +167,7 @@ class ProgressTracker {
   bool stop_ = false;
   double last_publish_ = 0.0;
   GlobalProgress global_;
+  EpochBaseline baseline_;  ///< read and written by the thread's fetches only
   std::thread thread_;
 };
 

@@ -9,6 +9,7 @@
 #include <deque>
 #include <map>
 #include <random>
+#include <set>
 #include <thread>
 #include <tuple>
 
@@ -174,9 +175,12 @@ void StateDonor::publish(int64_t epoch, std::string bytes) {
 }
 
 std::shared_ptr<const StateSnapshot> StateDonor::snapshot_for(int64_t min_epoch) {
-  // The newest state this peer has: at least the epoch it last announced.
+  // The newest state this peer has: at least the epoch it last announced. An epoch beyond that
+  // one cannot be satisfied, and is refused before the provider runs: it snapshots under the
+  // lock the peer's step takes, so anyone could otherwise stall a donor's training at will.
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (announced_epoch_ >= 0 && min_epoch > announced_epoch_) return nullptr;
     min_epoch = std::max(min_epoch, announced_epoch_);
     if (current_ && current_->epoch >= min_epoch) return current_;
   }
@@ -332,6 +336,16 @@ void StateDonor::serve(Connection& c, const Frame& first) {
 // ---------------------------------------------------------------------------------------------
 // Newcomer
 
+namespace {
+// Donors that vouch for a state: distinct identities at distinct addresses (k records of one
+// identity, or k identities behind one address, are one voice).
+size_t distinct_voices(const std::vector<DonorInfo>& v) {
+  std::set<std::string> ids, addresses;
+  for (const auto& d : v) ids.insert(d.peer_id), addresses.insert(d.address);
+  return std::min(ids.size(), addresses.size());
+}
+}  // namespace
+
 std::vector<DonorInfo> choose_donors(std::vector<DonorInfo> all, const DownloadOptions& o) {
   std::map<std::tuple<int64_t, Digest, uint64_t>, std::vector<DonorInfo>> by_state;
   for (auto& d : all)
@@ -339,9 +353,12 @@ std::vector<DonorInfo> choose_donors(std::vector<DonorInfo> all, const DownloadO
       by_state[{d.epoch, d.digest, d.size}].push_back(std::move(d));
   std::vector<DonorInfo>* best = nullptr;
   int64_t best_epoch = -1;
-  for (auto& [k, v] : by_state)
-    if (!best || v.size() > best->size() || (v.size() == best->size() && std::get<0>(k) > best_epoch))
-      best = &v, best_epoch = std::get<0>(k);
+  size_t best_voices = 0;
+  for (auto& [k, v] : by_state) {
+    const size_t voices = distinct_voices(v);
+    if (!best || voices > best_voices || (voices == best_voices && std::get<0>(k) > best_epoch))
+      best = &v, best_epoch = std::get<0>(k), best_voices = voices;
+  }
   if (!best) return {};
   std::vector<DonorInfo> out = std::move(*best);
   std::mt19937_64 rng(o.seed ? o.seed : std::random_device{}());
@@ -583,6 +600,11 @@ std::optional<StateSnapshot> load_state_from_peers(DhtNode& dht, const std::stri
       announced.push_back(std::move(*d));
     }
   }
+  // Donors announcing an epoch beyond the vouched one could serve nothing we load (their
+  // manifest is at least that new): they are not asked, so that records forged far ahead cannot
+  // fill the manifest slots below and crowd out the honest donors.
+  announced.erase(std::remove_if(announced.begin(), announced.end(), [&](const DonorInfo& d) { return d.epoch > o.max_epoch; }),
+                  announced.end());
   // Newest first; among equals a random order (newcomers spread over the donors).
   std::mt19937_64 rng(o.seed ? o.seed : std::random_device{}());
   std::shuffle(announced.begin(), announced.end(), rng);

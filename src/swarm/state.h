@@ -87,7 +87,8 @@ class StateDonor {
   StateDonor(DhtNode* dht, Router& router, std::string key, std::string address,
              std::chrono::milliseconds ttl = std::chrono::milliseconds(60'000));
   ~StateDonor();
-  /// Snapshots on demand: a manifest request for a newer epoch than the snapshot held calls it.
+  /// Snapshots on demand: a manifest request for a newer epoch than the snapshot held calls it;
+  /// once the donor has announced an epoch, a request beyond it is refused without a snapshot.
   void set_provider(Provider p);
   /// Replaces the snapshot served (the previous one stays servable).
   void publish(int64_t epoch, std::string bytes);
@@ -154,8 +155,9 @@ struct DownloadReport {
 
 /// Chooses the donors to load from: among the states (epoch, digest, size) at an epoch in
 /// [min_epoch, max_epoch] and size <= max_bytes, the one the most donors announce (the newest on
-/// a tie), so that one donor's word does not beat an agreeing majority; in a random order
-/// (seeded by o.seed when nonzero).
+/// a tie), so that one donor's word does not beat an agreeing majority. Donors count as distinct
+/// identities at distinct addresses: many records of one peer id, or many ids behind one
+/// address, are one donor. In a random order (seeded by o.seed when nonzero).
 std::vector<DonorInfo> choose_donors(std::vector<DonorInfo> all, const DownloadOptions& o);
 
 /// Asks the donor at `address` for its manifest at `min_epoch` or later (it snapshots on

@@ -1,95 +1,19 @@
+// Connection (wire.h): frames over one TCP stream, each operation with a deadline; the scalar
+// packing of frame payloads; the error of a port that cannot be bound. Accepting streams and
+// their quotas are server.cpp's.
 #include "polytrain/swarm/wire.h"
 
 #include <sys/socket.h>
 
 #include <array>
-#include <asio.hpp>
 #include <cerrno>
 #include <cstring>
 
 #include "polytrain/common/error.h"
 #include "polytrain/swarm/dht.h"
+#include "polytrain/swarm/wire_impl.h"
 
 namespace polytrain::hivemind {
-
-// The blocking-with-deadline pattern of asio's own timeout examples: start an asynchronous
-// operation, run this stream's private io_context until the deadline, and close the socket
-// when the operation has not completed by then.
-struct Connection::Impl {
-  asio::io_context io;
-  asio::ip::tcp::socket sock{io};
-  std::atomic<int> fd{-1};
-  std::atomic<bool> aborted{false};
-  std::string remote;
-
-  template <typename Start>
-  size_t run(Start&& start, Deadline deadline, const char* what) {
-    if (aborted) throw NetError(NetError::Kind::kClosed, std::string(what) + " " + remote + ": stream aborted");
-    std::error_code ec = asio::error::would_block;
-    size_t n = 0;
-    start(ec, n);
-    io.restart();
-    io.run_until(deadline);
-    if (ec == asio::error::would_block) {
-      std::error_code ignore;
-      sock.close(ignore);
-      io.restart();
-      io.run();  // lets the cancelled operation finish
-      throw NetError(NetError::Kind::kTimeout, std::string(what) + " " + remote + ": timed out");
-    }
-    if (ec) throw NetError(NetError::Kind::kClosed, std::string(what) + " " + remote + ": " + ec.message());
-    return n;
-  }
-
-  // asio's transfer_all moves at most 64 KiB per system call; a frame body is asked for whole
-  // (one call per what the socket holds), and the socket wakes this reader only once it holds
-  // min(what is left, kLowWater) bytes (SO_RCVLOWAT): a 1 MiB chunk costs a few wake-ups and
-  // reads instead of one per 64 KiB segment the loopback delivers.
-  static constexpr size_t kLowWater = size_t{256} << 10;
-  int lowat = 1;
-  void set_lowat(size_t want) {
-    const int v = static_cast<int>(std::max<size_t>(1, std::min(want, kLowWater)));
-    if (v == lowat) return;
-    ::setsockopt(sock.native_handle(), SOL_SOCKET, SO_RCVLOWAT, &v, sizeof v);
-    lowat = v;
-  }
-  template <typename Buffers>
-  void read_body(const Buffers& bufs, size_t total, Deadline deadline) {
-    run(
-        [&](std::error_code& result, size_t& n) {
-          asio::async_read(
-              sock, bufs,
-              [this, total](const std::error_code& e, size_t done) -> size_t {
-                if (e || done >= total) return 0;
-                set_lowat(total - done);
-                return total - done;
-              },
-              [&](const std::error_code& e, size_t k) { result = e, n = k; });
-        },
-        deadline, "receive from");
-    set_lowat(1);
-  }
-
-  /// Reads a frame's 5-byte header; returns the body length it announces.
-  uint32_t read_header(std::array<uint8_t, 5>& hdr, Deadline deadline) {
-    run(
-        [&](std::error_code& result, size_t& n) {
-          asio::async_read(sock, asio::buffer(hdr), [&](const std::error_code& e, size_t k) { result = e, n = k; });
-        },
-        deadline, "receive from");
-    uint32_t len = 0;
-    std::memcpy(&len, hdr.data(), 4);
-    return len;
-  }
-
-  void adopt() {
-    fd = sock.native_handle();
-    std::error_code ec;
-    sock.set_option(asio::ip::tcp::no_delay(true), ec);
-    auto ep = sock.remote_endpoint(ec);
-    if (!ec) remote = ep.address().to_string() + ":" + std::to_string(ep.port());
-  }
-};
 
 Connection::Connection(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Connection::~Connection() = default;
@@ -187,69 +111,6 @@ void Connection::abort() {
 
 std::string Connection::remote() const { return impl_->remote; }
 
-struct Server::Impl {
-  struct Worker {
-    std::thread thread;
-    std::shared_ptr<Connection> conn;
-    std::shared_ptr<std::atomic<bool>> done;
-  };
-  asio::io_context io;
-  asio::ip::tcp::acceptor acceptor{io};
-  Handler handler;
-  size_t max_connections = 256;
-  std::thread accept_thread;
-  mutable std::mutex mu;
-  std::list<Worker> workers;
-  bool stopping = false;
-  uint16_t port = 0;
-  std::string host;
-
-  void reap_locked() {
-    for (auto it = workers.begin(); it != workers.end();) {
-      if (it->done->load()) {
-        it->thread.join();
-        it = workers.erase(it);
-      } else {
-        ++it;
-      }
-    }
-  }
-
-  void accept_next() {
-    auto impl = std::make_shared<std::unique_ptr<Connection::Impl>>(std::make_unique<Connection::Impl>());
-    acceptor.async_accept((*impl)->sock, [this, impl](const std::error_code& ec) {
-      if (ec) {
-        if (ec == asio::error::operation_aborted) return;  // stopping
-        accept_next();
-        return;
-      }
-      std::lock_guard<std::mutex> lock(mu);
-      if (stopping) return;
-      reap_locked();
-      if (workers.size() >= max_connections) {
-        std::error_code ignore;
-        (*impl)->sock.close(ignore);
-      } else {
-        (*impl)->adopt();
-        auto conn = std::shared_ptr<Connection>(new Connection(std::move(*impl)));
-        auto done = std::make_shared<std::atomic<bool>>(false);
-        Worker w;
-        w.conn = conn;
-        w.done = done;
-        w.thread = std::thread([this, conn, done] {
-          try {
-            handler(*conn);
-          } catch (...) {  // a stream's failure ends that stream only
-          }
-          done->store(true);
-        });
-        workers.push_back(std::move(w));
-      }
-      accept_next();
-    });
-  }
-};
-
 InputError listen_error(const std::string& what, const std::string& listen, int err, const std::string& port_role) {
   const std::string flag = "--" + what.substr(what.rfind('.') + 1);  // hivemind.listen -> --listen
   if (err == EADDRINUSE)
@@ -259,58 +120,6 @@ InputError listen_error(const std::string& what, const std::string& listen, int 
     return InputError(what + " " + listen + ": not an address of this host; give " + flag +
                       " one of its addresses, or 0.0.0.0 for all");
   return InputError(what + " '" + listen + "': cannot listen: " + std::strerror(err));
-}
-
-Server::Server(const std::string& listen, Handler handler, const std::string& what, size_t max_connections)
-    : impl_(std::make_unique<Impl>()) {
-  impl_->handler = std::move(handler);
-  impl_->max_connections = max_connections;
-  const auto [host, port] = split_host_port(listen, what);
-  std::error_code ec;
-  auto addr = asio::ip::make_address(host, ec);
-  PT_INPUT_CHECK(!ec, what, " '", listen, "': not an IP address");
-  asio::ip::tcp::endpoint ep(addr, port);
-  impl_->acceptor.open(ep.protocol(), ec);
-  if (!ec) impl_->acceptor.set_option(asio::ip::tcp::acceptor::reuse_address(true), ec);
-  if (!ec) impl_->acceptor.bind(ep, ec);
-  if (!ec) impl_->acceptor.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) throw listen_error(what, listen, ec.value(), "TCP port " + std::to_string(port) + ", for averaging streams");
-  impl_->port = impl_->acceptor.local_endpoint().port();
-  impl_->host = host == "0.0.0.0" ? "127.0.0.1" : host;
-  impl_->accept_next();
-  impl_->accept_thread = std::thread([this] { impl_->io.run(); });
-}
-
-Server::~Server() { stop(); }
-
-std::string Server::address() const { return impl_->host + ":" + std::to_string(impl_->port); }
-uint16_t Server::port() const { return impl_->port; }
-
-size_t Server::live() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  size_t n = 0;
-  for (const auto& w : impl_->workers) n += !w.done->load();
-  return n;
-}
-
-void Server::stop() {
-  {
-    std::lock_guard<std::mutex> lock(impl_->mu);
-    if (impl_->stopping) return;
-    impl_->stopping = true;
-  }
-  asio::post(impl_->io, [this] {
-    std::error_code ignore;
-    impl_->acceptor.close(ignore);
-  });
-  if (impl_->accept_thread.joinable()) impl_->accept_thread.join();
-  std::list<Impl::Worker> workers;
-  {
-    std::lock_guard<std::mutex> lock(impl_->mu);
-    workers.swap(impl_->workers);
-  }
-  for (auto& w : workers) w.conn->abort();
-  for (auto& w : workers) w.thread.join();
 }
 
 void put_u32(std::string& s, uint32_t v) { s.append(reinterpret_cast<const char*>(&v), 4); }

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <list>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -78,14 +79,41 @@ class Connection {
 /// ("TCP port 5000, for averaging streams").
 InputError listen_error(const std::string& what, const std::string& listen, int err, const std::string& port_role);
 
-/// A TCP listener: each accepted stream is handed to `handler` on its own thread (at most
-/// max_connections at once; more are closed at once).
+/// How many streams a Server holds at once, and for how long. A stream's service is the type of
+/// its first frame (learnt when its handler reads it); until then the stream is pending. The
+/// quotas keep one address, one service or a crowd of silent connections from taking every
+/// slot: a newcomer that opens hundreds of streams, or holds them, cannot starve the others.
+struct StreamLimits {
+  struct Service {
+    size_t max_streams = 128;                    ///< streams of this service at once
+    std::chrono::milliseconds lifetime{900'000};  ///< the most one stream lives, from its accept
+  };
+  size_t max_streams = 256;  ///< all streams at once (one thread each)
+  size_t per_ip = 64;        ///< streams at once from one IP address (loopback tests raise it)
+  size_t max_pending = 64;   ///< streams before their first frame; a new one closes the oldest
+  std::chrono::milliseconds first_frame{10'000};  ///< a pending stream is closed after this
+  Service per_service;                            ///< any service not in `services`
+  std::map<uint8_t, Service> services;            ///< by first frame type
+  const Service& service(uint8_t type) const;
+};
+
+/// What a Server refused or closed, by reason (each also logged, at most a line per 5 s).
+struct StreamCounts {
+  uint64_t refused_ip = 0;       ///< the address already held per_ip streams
+  uint64_t refused_full = 0;     ///< max_streams were held and none was pending
+  uint64_t evicted_pending = 0;  ///< a pending stream closed to make room for a new one
+  uint64_t refused_service = 0;  ///< its service already held its max_streams
+  uint64_t expired = 0;          ///< closed at first_frame or its lifetime
+};
+
+/// A TCP listener: each accepted stream is handed to `handler` on its own thread, within
+/// `limits`.
 class Server {
  public:
   using Handler = std::function<void(Connection&)>;
   /// Binds HOST:PORT (port 0: any). InputError naming `what` when it cannot.
   Server(const std::string& listen, Handler handler, const std::string& what = "hivemind.listen",
-         size_t max_connections = 256);
+         StreamLimits limits = {});
   ~Server();  ///< stop()
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
@@ -96,6 +124,7 @@ class Server {
   void stop();
   /// Streams being handled now.
   size_t live() const;
+  StreamCounts counts() const;
 
   struct Impl;
 

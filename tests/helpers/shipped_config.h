@@ -32,4 +32,21 @@ inline nlohmann::json shipped_config(const std::string& name) {
   return c;
 }
 
+/// bert_tiny.json as the multi-process tests run it: dropout off, no gradient accumulation,
+/// every step logged, no eval until step 1000, no progress bar, safetensors checkpoints,
+/// experiments under `experiments_dir`, `num_threads` threads per process.
+inline nlohmann::json deterministic_bert_tiny(const std::filesystem::path& experiments_dir, int num_threads) {
+  nlohmann::json c = shipped_config("bert_tiny.json");
+  c["model"]["hidden_dropout_prob"] = 0.0;
+  c["model"]["attention_probs_dropout_prob"] = 0.0;
+  c.erase("gradient_accumulation_steps");
+  c["trainer"]["num_threads"] = num_threads;
+  c["trainer"]["eval_interval"] = 1000;
+  c["trainer"]["log_interval"] = 1;
+  c["trainer"]["progress_bar"] = false;
+  c["trainer"]["save_safetensors"] = true;
+  c["trainer"]["experiments_dir"] = experiments_dir.string();
+  return c;
+}
+
 }  // namespace polytrain::testing

@@ -21,7 +21,10 @@
 #include "polytrain/swarm/metrics.h"
 #include "polytrain/swarm/progress.h"
 #include "polytrain/swarm/record.h"
+#include "polytrain/swarm/robust.h"
+#include "polytrain/swarm/round_check.h"
 #include "polytrain/swarm/state.h"
+#include "polytrain/swarm/stream_limits.h"
 #include "polytrain/checkpoint/archive_codec.h"
 #include "polytrain/checkpoint/checkpoint.h"
 #include "polytrain/optim/optimizers.h"
@@ -153,7 +156,10 @@ void HivemindBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Co
     // Averaging streams use TCP on the DHT's port (UDP) when one was given, else any port.
     const auto [host, port] = hm::split_host_port(h_.listen, "hivemind.listen");
     const std::string tcp = (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
-    server_ = std::make_unique<hm::Server>(tcp, router_->handler(), "hivemind.listen");
+    // The swarm's quotas: per address, per service, a deadline for the first frame and a
+    // lifetime per stream, so that connection churn or held streams cannot starve the rounds.
+    const hm::SwarmStreamTimes times{ms(h_.averaging_timeout), ms(h_.load_state_timeout), ms(h_.next_chunk_timeout)};
+    server_ = std::make_unique<hm::Server>(tcp, router_->handler(), "hivemind.listen", hm::swarm_stream_limits(times));
     address_ = h_.announce.empty() ? server_->address() : h_.announce;
     // A peer nobody can stream to (behind a NAT or a firewall) would be excluded from every
     // round as a sender that never came: it takes part as a client instead, as hivemind's
@@ -183,6 +189,8 @@ void HivemindBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Co
     });
   }
   matchmaker_ = std::make_unique<hm::Matchmaker>(*dht_, *router_, identity_, address_);
+  // A peer banned for repeated poisoning (butterfly.h's offences) gets no group from this one.
+  matchmaker_->set_banned([this](const std::string& id) { return averager_->offences().banned(id); });
   // batch_size_lead: the target this peer steps at is lowered by the lead (hivemind's albert
   // example hands its optimizer target_batch_size - batch_size_lead).
   tracker_ = std::make_unique<hm::ProgressTracker>(
@@ -331,10 +339,19 @@ bool HivemindBackend::reload_from_peers(const std::string& why) {
 void HivemindBackend::report_unvouched(const hm::GlobalProgress& g) {
   if (g.claimed_epoch <= g.epoch || reported_claim_) return;
   reported_claim_ = true;
-  std::fprintf(stderr,
-               "hivemind: a peer claims epoch %lld, but fewer than %d of the other trainers have reached it: this "
-               "peer stays with the swarm's epoch %lld (said once)\n",
-               static_cast<long long>(g.claimed_epoch), std::max(1, g.vouchers), static_cast<long long>(g.epoch));
+  const std::string who = "peer " + g.claimant.substr(0, 8);
+  if (g.claimed_epoch > g.reachable)
+    std::fprintf(stderr,
+                 "hivemind: %s claims epoch %lld, beyond what the swarm's throughput allows (at most %lld by now): "
+                 "this peer stays with the swarm's epoch %lld (said once)\n",
+                 who.c_str(), static_cast<long long>(g.claimed_epoch), static_cast<long long>(g.reachable),
+                 static_cast<long long>(g.epoch));
+  else
+    std::fprintf(stderr,
+                 "hivemind: %s claims epoch %lld, but fewer than %d of the other trainers have reached it: this "
+                 "peer stays with the swarm's epoch %lld (said once)\n",
+                 who.c_str(), static_cast<long long>(g.claimed_epoch), std::max(1, g.vouchers),
+                 static_cast<long long>(g.epoch));
 }
 
 void HivemindBackend::report_progress(const hm::GlobalProgress& g) const {
@@ -443,6 +460,7 @@ size_t HivemindBackend::average_flat(std::vector<at::Tensor> tensors, bool grads
       averager_->allreduce(group, flat_.data_ptr<float>(), static_cast<size_t>(off), weight, allreduce_options(grads, round_end));
   sent_bytes_ += static_cast<int64_t>(report.bytes_sent);
   received_bytes_ += static_cast<int64_t>(report.bytes_received);
+  if (!grads) keep_own_where_implausible(tensors, group_ptr, static_cast<size_t>(off), epoch, what);
   off = 0;
   for (auto& t : tensors) {
     if (grads && !t.grad().defined()) t.mutable_grad() = torch::zeros_like(t);
@@ -456,11 +474,44 @@ size_t HivemindBackend::average_flat(std::vector<at::Tensor> tensors, bool grads
   std::set<std::string> failed(report.failed_reducers.begin(), report.failed_reducers.end());
   failed.insert(report.excluded_senders.begin(), report.excluded_senders.end());
   failed.insert(report.rejected_senders.begin(), report.rejected_senders.end());
+  failed.insert(report.banned_members.begin(), report.banned_members.end());
   // The members whose contributions went in: auxiliary peers have none.
   size_t members = 0, members_failed = 0;
   for (const auto& m : group.members)
     if (!m.auxiliary) ++members, members_failed += failed.count(m.peer_id);
   return members - std::min(members_failed, members - 1);
+}
+
+void HivemindBackend::keep_own_where_implausible(const std::vector<at::Tensor>& own, const void* group_ptr, size_t n,
+                                                 int64_t epoch, const std::string& what) {
+  // A parameter round's answer replaces what this peer holds, so a reducer could install any
+  // values it likes: each part is checked against this peer's own copy (round_check.h), and a
+  // part that is not finite or lands too far from it is not applied (its own values stay there).
+  const auto& group = *static_cast<const hm::Group*>(group_ptr);
+  torch::NoGradGuard no_grad;
+  int64_t params = 0;
+  for (const auto& p : params_) params += p.numel();
+  hm::ParameterRoundCheck check(hm::part_sizes(n, group), static_cast<size_t>(params));
+  float* average = flat_.data_ptr<float>();
+  int64_t off = 0;
+  for (const auto& t : own) {
+    const at::Tensor mine = t.detach().reshape({-1}).to(torch::kCPU, torch::kFloat).contiguous();
+    check.add(static_cast<size_t>(off), average + off, mine.data_ptr<float>(), static_cast<size_t>(t.numel()));
+    off += t.numel();
+  }
+  for (const size_t j : check.failed_parts()) {
+    const auto [begin, end] = check.part_range(j);
+    std::fprintf(stderr, "hivemind: epoch %lld %s: the part reduced by peer %s (%zu values) is discarded: %s; this "
+                 "peer keeps its own values there\n", static_cast<long long>(epoch), what.c_str(),
+                 short_id(group.members[j].peer_id).c_str(), end - begin, check.why(j).c_str());
+    off = 0;
+    for (const auto& t : own) {
+      const int64_t lo = std::max<int64_t>(static_cast<int64_t>(begin), off);
+      const int64_t hi = std::min<int64_t>(static_cast<int64_t>(end), off + t.numel());
+      if (lo < hi) flat_.narrow(0, lo, hi - lo).copy_(t.detach().reshape({-1}).narrow(0, lo - off, hi - lo));
+      off += t.numel();
+    }
+  }
 }
 
 hm::AllReduceOptions HivemindBackend::allreduce_options(bool grads, std::chrono::steady_clock::time_point round_end) const {
@@ -472,6 +523,11 @@ hm::AllReduceOptions HivemindBackend::allreduce_options(bool grads, std::chrono:
   // A member's samples in one global step stay below twice the swarm's target (the target plus
   // what was in flight); a parameter round weighs every member 1.
   o.max_weight = grads ? 2.0 * static_cast<double>(h_.target_batch_size) : 1.0;
+  if (grads) {  // tau is in gradient units: the parameter round stays a plain mean
+    o.aggregation = hm::parse_aggregation(h_.aggregation);
+    o.centered_clip_tau = h_.centered_clip_tau;
+    o.centered_clip_iterations = static_cast<int>(h_.centered_clip_iterations);
+  }
   return o;
 }
 

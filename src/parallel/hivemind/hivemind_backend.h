@@ -100,6 +100,11 @@ class HivemindBackend : public ReplicatedBackend {
   /// Returns the members whose contributions it averaged in full (this peer included).
   size_t average_flat(std::vector<at::Tensor> tensors, bool grads, const void* group, double weight,
                     std::chrono::steady_clock::time_point round_end, int64_t epoch, const std::string& what);
+  /// Before a parameter round's result (flat_[0..n), in `own`'s order) replaces `own`: each
+  /// reducer's part that is not finite or too far from `own` (round_check.h) is reset to `own`'s
+  /// values in flat_, with one line naming the reducer.
+  void keep_own_where_implausible(const std::vector<at::Tensor>& own, const void* group, size_t n, int64_t epoch,
+                                  const std::string& what);
   /// Timeouts and bounds of a gradient (`grads`) or state round ending by `round_end`.
   hivemind::AllReduceOptions allreduce_options(bool grads, std::chrono::steady_clock::time_point round_end) const;
   /// An auxiliary peer's share of one round: reduces its part of `n` elements (nothing of its
