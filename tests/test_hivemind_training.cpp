@@ -611,7 +611,11 @@ TEST_F(Swarm, FiftyStopsAndKillsAtRandomMomentsNeitherHangNorBreakTheSwarm) {
   const double slowest = *std::max_element(in_step.begin(), in_step.end());
   std::printf("[swarm] chaos: peer 0's %d global steps took %.0f-%.0f ms, step() at most %.0f ms\n", kSteps,
               *std::min_element(ms.begin(), ms.end()), *std::max_element(ms.begin(), ms.end()), slowest);
-  EXPECT_LT(slowest, (kAveragingTimeout + 1.0) * 1000.0);
+  // The round's deadline (matchmaking and all-reduce within one averaging_timeout) plus the
+  // step's own compute: 2 s of it, since ctest -j2 runs another test beside these 4 peers on 2
+  // cores (a fresh-clone run measured 9.09 s here with 1 s; alone the slowest step is ~6 s). A
+  // second timeout stacked after matchmaking, the bug this guards, would take ~16 s.
+  EXPECT_LT(slowest, (kAveragingTimeout + 2.0) * 1000.0);
 }
 
 namespace {
