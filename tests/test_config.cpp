@@ -353,7 +353,7 @@ TEST(ConfigValues, InvalidConfigsNameTheKey) {
       {{{"hivemind", {{"listen", "localhost"}}}}, "'hivemind.listen' must be HOST:PORT, got 'localhost'"},
       {{{"hivemind", {{"initial_peers", {"1.2.3.4:99999"}}}}}, "'hivemind.initial_peers' entries must be HOST:PORT"},
       {{{"hivemind", {{"metadata_expiration", 10}}}}, "must be >= 11 seconds"},
-      {{{"hivemind", {{"compression", "zstd"}}}}, "'hivemind.compression' must be one of none, fp16, scaled_fp16, uint8"},
+      {{{"hivemind", {{"compression", "zstd"}}}}, "'hivemind.compression' must be one of none, fp16, scaled_fp16, uint8, int4"},
       {{{"hivemind", {{"num_streams", 4}, {"stream_index", 4}}}}, "'hivemind.stream_index' must be in [0, num_streams = 4)"},
       {{{"hivemind", {{"target_bach_size", 4}}}}, "did you mean 'target_batch_size'?"},
       {{{"trainer", {{"env_type", "hivemind"}}}}, "hivemind.target_batch_size: env_type 'hivemind' needs"},

@@ -73,7 +73,8 @@ TEST(Compression, HalfConversionMatchesIeeeOnEdgeCases) {
 
 TEST(Compression, EachCodecKeepsItsStatedErrorAndRefusesWrongSizes) {
   const auto x = random_vector(10'000, 1);
-  for (auto c : {hm::Compression::kNone, hm::Compression::kFp16, hm::Compression::kScaledFp16, hm::Compression::kUint8}) {
+  for (auto c : {hm::Compression::kNone, hm::Compression::kFp16, hm::Compression::kScaledFp16, hm::Compression::kUint8,
+                 hm::Compression::kInt4}) {
     std::string bytes;
     hm::compress(c, x.data(), x.size(), bytes);
     ASSERT_EQ(bytes.size(), hm::compressed_bytes(c, x.size()));
@@ -81,11 +82,45 @@ TEST(Compression, EachCodecKeepsItsStatedErrorAndRefusesWrongSizes) {
     ASSERT_TRUE(hm::decompress(c, bytes, y.data(), y.size()));
     double worst = 0;
     for (size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::fabs(double(x[i]) - y[i]));
-    const double bound = c == hm::Compression::kNone ? 0.0 : c == hm::Compression::kUint8 ? 5.0 / 254 : 5.0 / 2048;
+    // random_vector's values lie in [-5, 5]: absmax <= 5 in every block.
+    const double bound = c == hm::Compression::kNone    ? 0.0
+                         : c == hm::Compression::kUint8 ? 5.0 / 254
+                         : c == hm::Compression::kInt4  ? 5.0 / 14
+                                                        : 5.0 / 2048;
     EXPECT_LE(worst, bound) << hm::compression_name(c);
     EXPECT_FALSE(hm::decompress(c, std::string_view(bytes).substr(1), y.data(), y.size())) << hm::compression_name(c);
   }
   EXPECT_THROW(hm::parse_compression("zstd"), polytrain::InputError);
+}
+
+// int4 by hand: the layout (scale, then two values a byte, low nibble first), the per-block
+// scale, an odd count, and what a block of zeros or a non-finite value becomes.
+TEST(Compression, Int4PacksTwoValuesAByteWithAScalePerBlockOf64) {
+  EXPECT_EQ(hm::compressed_bytes(hm::Compression::kInt4, 64), 4u + 32u);
+  EXPECT_EQ(hm::compressed_bytes(hm::Compression::kInt4, 65), 4u + 32u + 4u + 1u);
+  EXPECT_EQ(hm::compressed_bytes(hm::Compression::kInt4, 1000), 15u * 36u + 4u + 20u);
+  const std::vector<float> x{7.0f, -7.0f, 3.0f, 0.0f, -1.4f};
+  std::string bytes;
+  hm::compress(hm::Compression::kInt4, x.data(), x.size(), bytes);
+  ASSERT_EQ(bytes.size(), 4u + 3u);
+  float scale;
+  std::memcpy(&scale, bytes.data(), 4);
+  EXPECT_EQ(scale, 7.0f);
+  EXPECT_EQ(static_cast<uint8_t>(bytes[4]), 15u | (1u << 4));  // 7 -> 15, -7 -> 1
+  EXPECT_EQ(static_cast<uint8_t>(bytes[5]), 11u | (8u << 4));  // 3 -> 11, 0 -> 8
+  EXPECT_EQ(static_cast<uint8_t>(bytes[6]), 7u);               // -1.4 -> -1 -> 7, high nibble unused
+  std::vector<float> y(x.size());
+  ASSERT_TRUE(hm::decompress(hm::Compression::kInt4, bytes, y.data(), y.size()));
+  EXPECT_EQ(y, (std::vector<float>{7.0f, -7.0f, 3.0f, 0.0f, -1.0f}));
+  const std::vector<float> bad{1.0f, std::numeric_limits<float>::infinity(), 2.0f};
+  bytes.clear();
+  hm::compress(hm::Compression::kInt4, bad.data(), bad.size(), bytes);
+  std::vector<float> z(bad.size(), 5.0f);
+  ASSERT_TRUE(hm::decompress(hm::Compression::kInt4, bytes, z.data(), z.size()));
+  EXPECT_EQ(z, (std::vector<float>{0.0f, 0.0f, 0.0f}));  // a non-finite block is sent as zeros
+  const float inf = std::numeric_limits<float>::infinity();
+  std::memcpy(bytes.data(), &inf, 4);
+  EXPECT_FALSE(hm::decompress(hm::Compression::kInt4, bytes, z.data(), z.size()));
 }
 
 TEST(Butterfly, PartsFollowBandwidthAndClientsReduceNothing) {
@@ -237,7 +272,7 @@ TEST(Butterfly, FourPeersEndWithTheSameBitsTheExactWeightedAverage) {
 
 TEST(Butterfly, CompressedRoundsLandNearTheAverage) {
   const size_t n = 200'000;
-  for (auto c : {hm::Compression::kFp16, hm::Compression::kScaledFp16, hm::Compression::kUint8}) {
+  for (auto c : {hm::Compression::kFp16, hm::Compression::kScaledFp16, hm::Compression::kUint8, hm::Compression::kInt4}) {
     std::vector<std::unique_ptr<Peer>> peers;
     for (int i = 0; i < 3; ++i) peers.push_back(std::make_unique<Peer>());
     auto g = group_of(peers, std::string("c-") + hm::compression_name(c));
@@ -252,7 +287,11 @@ TEST(Butterfly, CompressedRoundsLandNearTheAverage) {
       const double avg = (double(v[0][k]) + v[1][k] + v[2][k]) / 3;
       for (int i = 0; i < 3; ++i) worst = std::max(worst, std::fabs(vv[i][k] - avg));
     }
-    EXPECT_LE(worst, c == hm::Compression::kUint8 ? 0.05 : 0.01) << hm::compression_name(c);
+    // int4: each value in [-5, 5] is off by at most 5 / 14 on its way to the reducer, and the
+    // result's way back adds its own rounding.
+    const double bound = c == hm::Compression::kInt4 ? 0.75 : c == hm::Compression::kUint8 ? 0.05 : 0.01;
+    EXPECT_LE(worst, bound) << hm::compression_name(c);
+    std::printf("[butterfly] %s: worst %.4f (bound %.3f)\n", hm::compression_name(c), worst, bound);
   }
 }
 

@@ -192,7 +192,7 @@ void add_hivemind_values(CLI::App& app, ConfigFlags& flags) {
   flag("run_id", "the swarm's name: peers with the same run_id train together (DHT network id and key prefix)", d.run_id);
   flag("listen", "HOST:PORT this peer's DHT (UDP) and averaging (TCP) sockets bind (port 0: any free port)", d.listen);
   flag("announce", "HOST:PORT other peers reach this one at (default: the bound address)", d.announce);
-  flag("compression", "how averaged tensors travel: none, fp16, scaled_fp16 or uint8", d.compression);
+  flag("compression", "how averaged tensors travel: none, fp16, scaled_fp16, uint8 or int4", d.compression);
   flag("identity_path", "Ed25519 key file of this peer, created when missing (default: a new identity each start)",
        d.identity_path);
   flag("target_batch_size", "samples the whole swarm accumulates per global step (required for hivemind)",

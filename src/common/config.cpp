@@ -463,7 +463,7 @@ void parse_hivemind(const json* j, ParseContext& ctx, HivemindConfig& h) {
   if (h.assist_in_averaging && h.client_mode)
     r.fail("assist_in_averaging", "cannot be combined with hivemind.client_mode: an auxiliary peer reduces parts of "
                                   "the others' averages, so it must accept connections (hivemind's rule)");
-  r.one_of("compression", h.compression, {"none", "fp16", "scaled_fp16", "uint8"});
+  r.one_of("compression", h.compression, {"none", "fp16", "scaled_fp16", "uint8", "int4"});
   r.one_of("aggregation", h.aggregation, {"mean", "centered_clip"});
   if (!(h.centered_clip_tau > 0) || !std::isfinite(h.centered_clip_tau))
     r.fail("centered_clip_tau", cat("must be a finite number > 0, got ", h.centered_clip_tau));

@@ -287,7 +287,7 @@ struct HivemindConfig {
   /// nothing; joins every round to reduce a share of it by its bandwidth, with weight 0.
   bool assist_in_averaging = false;
   double bandwidth = 1.0;                 ///< relative share of each average this peer reduces
-  std::string compression = "none";       ///< none, fp16, scaled_fp16, uint8
+  std::string compression = "none";       ///< none, fp16, scaled_fp16, uint8, int4
   /// How a reducer combines its part: "mean" (weighted by samples) or "centered_clip"
   /// (CenteredClip, robust to a minority of poisoned contributions; src/swarm/robust.h).
   std::string aggregation = "mean";

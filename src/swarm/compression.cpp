@@ -14,6 +14,12 @@ namespace {
 
 constexpr size_t kScaledBlock = 4096;
 constexpr size_t kUint8Block = 1024;
+// int4: 64 values a block (one fp32 scale per 64 values: 0.5625 bytes a value), the block size
+// 4-bit blockwise codecs use, so that one large value costs the precision of 63 others only.
+constexpr size_t kInt4Block = 64;
+
+// Bytes of one int4 block of k values: its scale and two values a byte.
+size_t int4_block_bytes(size_t k) { return 4 + (k + 1) / 2; }
 
 size_t blocks(size_t n, size_t b) { return (n + b - 1) / b; }
 
@@ -105,7 +111,8 @@ Compression parse_compression(const std::string& name) {
   if (name == "fp16") return Compression::kFp16;
   if (name == "scaled_fp16") return Compression::kScaledFp16;
   if (name == "uint8") return Compression::kUint8;
-  throw InputError("hivemind.compression '" + name + "': expected none, fp16, scaled_fp16 or uint8");
+  if (name == "int4") return Compression::kInt4;
+  throw InputError("hivemind.compression '" + name + "': expected none, fp16, scaled_fp16, uint8 or int4");
 }
 
 const char* compression_name(Compression c) {
@@ -114,6 +121,7 @@ const char* compression_name(Compression c) {
     case Compression::kFp16: return "fp16";
     case Compression::kScaledFp16: return "scaled_fp16";
     case Compression::kUint8: return "uint8";
+    case Compression::kInt4: return "int4";
   }
   return "?";
 }
@@ -124,6 +132,8 @@ size_t compressed_bytes(Compression c, size_t n) {
     case Compression::kFp16: return 2 * n;
     case Compression::kScaledFp16: return 2 * n + 8 * blocks(n, kScaledBlock);
     case Compression::kUint8: return n + 4 * blocks(n, kUint8Block);
+    case Compression::kInt4:
+      return (n / kInt4Block) * int4_block_bytes(kInt4Block) + (n % kInt4Block ? int4_block_bytes(n % kInt4Block) : 0);
   }
   return 0;
 }
@@ -178,6 +188,24 @@ void compress(Compression c, const float* x, size_t n, std::string& out) {
       }
       return;
     }
+    case Compression::kInt4: {
+      for (size_t lo = 0; lo < n; lo += kInt4Block) {
+        const size_t k = std::min(kInt4Block, n - lo);
+        float amax = 0.0f;
+        for (size_t i = 0; i < k; ++i) amax = std::max(amax, std::fabs(x[lo + i]));
+        if (!std::isfinite(amax)) amax = 0.0f;  // a non-finite block is sent as zeros
+        std::memcpy(p, &amax, 4);
+        p += 4;
+        const float inv = amax > 0 ? 7.0f / amax : 0.0f;
+        std::memset(p, 0, (k + 1) / 2);
+        for (size_t i = 0; i < k; ++i) {  // round(x / amax * 7) + 8 in 1..15, low nibble first
+          const int q = static_cast<int>(std::nearbyint(std::max(-7.0f, std::min(7.0f, x[lo + i] * inv)))) + 8;
+          p[i / 2] = static_cast<char>(static_cast<uint8_t>(p[i / 2]) | (q << (4 * (i % 2))));
+        }
+        p += (k + 1) / 2;
+      }
+      return;
+    }
   }
 }
 
@@ -219,6 +247,20 @@ bool decompress(Compression c, std::string_view bytes, float* out, size_t n) {
         const float s = amax / 127.0f;
         for (size_t i = 0; i < k; ++i) out[lo + i] = static_cast<float>(static_cast<int>(static_cast<uint8_t>(p[i])) - 128) * s;
         p += k;
+      }
+      return true;
+    }
+    case Compression::kInt4: {
+      for (size_t lo = 0; lo < n; lo += kInt4Block) {
+        const size_t k = std::min(kInt4Block, n - lo);
+        float amax;
+        std::memcpy(&amax, p, 4);
+        if (!std::isfinite(amax)) return false;
+        p += 4;
+        const float s = amax / 7.0f;  // a nibble of 0 (never sent) decodes to -8 s: still bounded
+        for (size_t i = 0; i < k; ++i)
+          out[lo + i] = static_cast<float>(((static_cast<uint8_t>(p[i / 2]) >> (4 * (i % 2))) & 0xF) - 8) * s;
+        p += (k + 1) / 2;
       }
       return true;
     }

@@ -4,6 +4,9 @@
 //   scaled_fp16  per block of 4096: mean and std as float32, (x - mean) / std as half
 //   uint8        blockwise absmax quantisation: per block of 1024 a float32 scale, then
 //                round(x / scale * 127) + 128 as one byte (max error scale / 254 per value)
+//   int4         blockwise absmax quantisation: per block of 64 a float32 scale, then
+//                round(x / scale * 7) + 8 as a nibble, two a byte (max error scale / 14 per
+//                value; 0.5625 bytes a value; the 4-bit codec of local-update training)
 #pragma once
 
 #include <cstddef>
@@ -13,7 +16,7 @@
 
 namespace polytrain::hivemind {
 
-enum class Compression { kNone, kFp16, kScaledFp16, kUint8 };
+enum class Compression { kNone, kFp16, kScaledFp16, kUint8, kInt4 };
 
 /// InputError naming hivemind.compression and the accepted names for anything else.
 Compression parse_compression(const std::string& name);
