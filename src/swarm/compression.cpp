@@ -18,6 +18,16 @@ constexpr size_t kUint8Block = 1024;
 // 4-bit blockwise codecs use, so that one large value costs the precision of 63 others only.
 constexpr size_t kInt4Block = 64;
 
+// Writes the block's absmax (the scale of uint8 and int4) as 4 bytes at p and returns it; a
+// block with a non-finite value gets 0, so it is sent as zeros.
+float put_absmax(const float* x, size_t k, char* p) {
+  float amax = 0.0f;
+  for (size_t i = 0; i < k; ++i) amax = std::max(amax, std::fabs(x[i]));
+  if (!std::isfinite(amax)) amax = 0.0f;
+  std::memcpy(p, &amax, 4);
+  return amax;
+}
+
 // Bytes of one int4 block of k values: its scale and two values a byte.
 size_t int4_block_bytes(size_t k) { return 4 + (k + 1) / 2; }
 
@@ -174,10 +184,7 @@ void compress(Compression c, const float* x, size_t n, std::string& out) {
     case Compression::kUint8: {
       for (size_t b = 0; b * kUint8Block < n; ++b) {
         const size_t lo = b * kUint8Block, k = std::min(kUint8Block, n - lo);
-        float amax = 0.0f;
-        for (size_t i = 0; i < k; ++i) amax = std::max(amax, std::fabs(x[lo + i]));
-        if (!std::isfinite(amax)) amax = 0.0f;  // a non-finite block is sent as zeros
-        std::memcpy(p, &amax, 4);
+        const float amax = put_absmax(x + lo, k, p);
         p += 4;
         const float inv = amax > 0 ? 127.0f / amax : 0.0f;
         for (size_t i = 0; i < k; ++i) {
@@ -191,10 +198,7 @@ void compress(Compression c, const float* x, size_t n, std::string& out) {
     case Compression::kInt4: {
       for (size_t lo = 0; lo < n; lo += kInt4Block) {
         const size_t k = std::min(kInt4Block, n - lo);
-        float amax = 0.0f;
-        for (size_t i = 0; i < k; ++i) amax = std::max(amax, std::fabs(x[lo + i]));
-        if (!std::isfinite(amax)) amax = 0.0f;  // a non-finite block is sent as zeros
-        std::memcpy(p, &amax, 4);
+        const float amax = put_absmax(x + lo, k, p);
         p += 4;
         const float inv = amax > 0 ? 7.0f / amax : 0.0f;
         std::memset(p, 0, (k + 1) / 2);
