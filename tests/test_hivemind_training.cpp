@@ -612,10 +612,10 @@ TEST_F(Swarm, FiftyStopsAndKillsAtRandomMomentsNeitherHangNorBreakTheSwarm) {
   std::printf("[swarm] chaos: peer 0's %d global steps took %.0f-%.0f ms, step() at most %.0f ms\n", kSteps,
               *std::min_element(ms.begin(), ms.end()), *std::max_element(ms.begin(), ms.end()), slowest);
   // The round's deadline (matchmaking and all-reduce within one averaging_timeout) plus the
-  // step's own compute: 2 s of it, since ctest -j2 runs another test beside these 4 peers on 2
-  // cores (a fresh-clone run measured 9.09 s here with 1 s; alone the slowest step is ~6 s). A
-  // second timeout stacked after matchmaking, the bug this guards, would take ~16 s.
-  EXPECT_LT(slowest, (kAveragingTimeout + 2.0) * 1000.0);
+  // step's own compute, which on 2 cores shared by these 4 peers (and, under ctest -j2, another
+  // test) varies: measured 6.0 and 8.9 s alone, 9.1 s under ctest -j2. Half a timeout of room;
+  // a second timeout stacked after matchmaking, the bug this guards, takes ~16 s.
+  EXPECT_LT(slowest, 1.5 * kAveragingTimeout * 1000.0);
 }
 
 namespace {
