@@ -22,6 +22,7 @@
 #include "helpers/program.h"
 #include "helpers/require.h"
 #include "helpers/shipped_config.h"
+#include "helpers/swarm_helpers.h"
 #include "helpers/temp_dir.h"
 #include "polytrain/checkpoint/safetensors.h"
 
@@ -47,11 +48,7 @@ struct ForgedEpoch : ::testing::Test {
            " --save_dir '" + (dir / name).string() + "'";
   }
   std::map<std::string, at::Tensor> weights(const std::string& name, int64_t step) const {
-    std::map<std::string, at::Tensor> m;
-    for (auto& [k, v] : polytrain::load_safetensors(
-             (dir / name / ("global_step" + std::to_string(step)) / "model.safetensors").string()))
-      m[k] = v;
-    return m;
+    return polytrain::testing::saved_weights(dir, name, step);
   }
 };
 

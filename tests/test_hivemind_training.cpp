@@ -27,6 +27,7 @@
 #include "helpers/program.h"
 #include "helpers/require.h"
 #include "helpers/shipped_config.h"
+#include "helpers/swarm_helpers.h"
 #include "helpers/temp_dir.h"
 #include "polytrain/parallel/universal_state.h"
 #include "polytrain/checkpoint/checkpoint.h"
@@ -116,11 +117,7 @@ struct Swarm : ::testing::Test {
   std::vector<double> losses(const std::string& name) { return metric(name, "loss"); }
 
   std::map<std::string, at::Tensor> weights(const std::string& name, int64_t step) {
-    std::map<std::string, at::Tensor> m;
-    for (auto& [k, v] : polytrain::load_safetensors(
-             (dir / name / ("global_step" + std::to_string(step)) / "model.safetensors").string()))
-      m[k] = v;
-    return m;
+    return polytrain::testing::saved_weights(dir, name, step);
   }
 };
 

@@ -244,42 +244,17 @@ const char* launch_rms_bwd(const void* g, const void* x, const float* w, const f
   return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
 }
 
-// Two dtypes -> one instantiation of F<A, B>: the dispatch of the two-dtype kernels.
-template <template <typename, typename> class F, typename A>
-struct Second {
-  template <typename... Args>
-  static const char* run(Dtype b, Args... args) {
-    switch (b) {
-      case Dtype::kFloat: return F<A, float>::run(args...);
-      case Dtype::kBFloat16: return F<A, __nv_bfloat16>::run(args...);
-      case Dtype::kHalf: return F<A, __half>::run(args...);
-    }
-    return "unsupported dtype";
-  }
-};
-template <template <typename, typename> class F, typename... Args>
-const char* dispatch2(Dtype a, Dtype b, Args... args) {
-  switch (a) {
-    case Dtype::kFloat: return Second<F, float>::run(b, args...);
-    case Dtype::kBFloat16: return Second<F, __nv_bfloat16>::run(b, args...);
-    case Dtype::kHalf: return Second<F, __half>::run(b, args...);
+// Calls f with a value of the C++ type that t names (float, __nv_bfloat16, __half): one
+// dispatch for every kernel, nested for the kernels of two or three dtypes.
+template <typename F>
+const char* with_type(Dtype t, F&& f) {
+  switch (t) {
+    case Dtype::kFloat: return f(float{});
+    case Dtype::kBFloat16: return f(__nv_bfloat16{});
+    case Dtype::kHalf: return f(__half{});
   }
   return "unsupported dtype";
 }
-template <typename X, typename O>
-struct RmsFwd {
-  static const char* run(const void* x, const float* w, int64_t rows, int64_t cols, float eps, void* out, float* rstd,
-                         void* stream) {
-    return launch_rms<X, O>(x, w, rows, cols, eps, out, rstd, stream);
-  }
-};
-template <typename X, typename G>
-struct RmsBwd {
-  static const char* run(const void* g, const void* x, const float* w, const float* rstd, int64_t rows, int64_t cols,
-                         void* dx, void* stream) {
-    return launch_rms_bwd<X, G>(g, x, w, rstd, rows, cols, dx, stream);
-  }
-};
 
 template <typename T>
 const char* launch_xent(void* logits, int64_t rows, int64_t cols, int64_t ld, const int64_t* labels, const float* weight,
@@ -308,67 +283,44 @@ const char* launch_aln(const void* x, const void* y, const float* gamma, const f
   return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
 }
 
-template <typename X, typename Y>
-const char* launch_aln_out(Dtype out_t, const void* x, const void* y, const float* gamma, const float* beta, int64_t rows,
-                           int64_t cols, float eps, float* h, void* out, float* mean, float* rstd, void* stream) {
-  switch (out_t) {
-    case Dtype::kFloat: return launch_aln<X, Y, float>(x, y, gamma, beta, rows, cols, eps, h, out, mean, rstd, stream);
-    case Dtype::kBFloat16:
-      return launch_aln<X, Y, __nv_bfloat16>(x, y, gamma, beta, rows, cols, eps, h, out, mean, rstd, stream);
-    case Dtype::kHalf: return launch_aln<X, Y, __half>(x, y, gamma, beta, rows, cols, eps, h, out, mean, rstd, stream);
-  }
-  return "add_layer_norm: unsupported output dtype";
-}
-
-template <typename X>
-const char* launch_aln_y(Dtype y_t, Dtype out_t, const void* x, const void* y, const float* gamma, const float* beta,
-                         int64_t rows, int64_t cols, float eps, float* h, void* out, float* mean, float* rstd,
-                         void* stream) {
-  switch (y_t) {
-    case Dtype::kFloat:
-      return launch_aln_out<X, float>(out_t, x, y, gamma, beta, rows, cols, eps, h, out, mean, rstd, stream);
-    case Dtype::kBFloat16:
-      return launch_aln_out<X, __nv_bfloat16>(out_t, x, y, gamma, beta, rows, cols, eps, h, out, mean, rstd, stream);
-    case Dtype::kHalf:
-      return launch_aln_out<X, __half>(out_t, x, y, gamma, beta, rows, cols, eps, h, out, mean, rstd, stream);
-  }
-  return "add_layer_norm: unsupported branch dtype";
-}
-
 }  // namespace
 
 const char* xent_grad(Dtype t, void* logits, int64_t rows, int64_t cols, int64_t ld, const int64_t* labels,
                       const float* weight, float* row_loss, void* stream) {
-  switch (t) {
-    case Dtype::kFloat: return launch_xent<float>(logits, rows, cols, ld, labels, weight, row_loss, stream);
-    case Dtype::kBFloat16: return launch_xent<__nv_bfloat16>(logits, rows, cols, ld, labels, weight, row_loss, stream);
-    case Dtype::kHalf: return launch_xent<__half>(logits, rows, cols, ld, labels, weight, row_loss, stream);
-  }
-  return "xent_grad: unsupported dtype";
+  return with_type(t, [&](auto tag) {
+    return launch_xent<decltype(tag)>(logits, rows, cols, ld, labels, weight, row_loss, stream);
+  });
 }
 
 const char* add_layer_norm(Dtype x_t, Dtype y_t, Dtype out_t, const void* x, const void* y, const float* gamma,
                            const float* beta, int64_t rows, int64_t cols, float eps, float* h, void* out, float* mean,
                            float* rstd, void* stream) {
-  switch (x_t) {
-    case Dtype::kFloat:
-      return launch_aln_y<float>(y_t, out_t, x, y, gamma, beta, rows, cols, eps, h, out, mean, rstd, stream);
-    case Dtype::kBFloat16:
-      return launch_aln_y<__nv_bfloat16>(y_t, out_t, x, y, gamma, beta, rows, cols, eps, h, out, mean, rstd, stream);
-    case Dtype::kHalf:
-      return launch_aln_y<__half>(y_t, out_t, x, y, gamma, beta, rows, cols, eps, h, out, mean, rstd, stream);
-  }
-  return "add_layer_norm: unsupported residual dtype";
+  return with_type(x_t, [&](auto xt) {
+    return with_type(y_t, [&](auto yt) {
+      return with_type(out_t, [&](auto ot) {
+        return launch_aln<decltype(xt), decltype(yt), decltype(ot)>(x, y, gamma, beta, rows, cols, eps, h, out, mean,
+                                                                    rstd, stream);
+      });
+    });
+  });
 }
 
 const char* rms_norm(Dtype x_t, Dtype out_t, const void* x, const float* w, int64_t rows, int64_t cols, float eps,
                      void* out, float* rstd, void* stream) {
-  return dispatch2<RmsFwd>(x_t, out_t, x, w, rows, cols, eps, out, rstd, stream);
+  return with_type(x_t, [&](auto xt) {
+    return with_type(out_t, [&](auto ot) {
+      return launch_rms<decltype(xt), decltype(ot)>(x, w, rows, cols, eps, out, rstd, stream);
+    });
+  });
 }
 
 const char* rms_norm_backward(Dtype x_t, Dtype g_t, const void* g, const void* x, const float* w, const float* rstd,
                               int64_t rows, int64_t cols, void* dx, void* stream) {
-  return dispatch2<RmsBwd>(x_t, g_t, g, x, w, rstd, rows, cols, dx, stream);
+  return with_type(x_t, [&](auto xt) {
+    return with_type(g_t, [&](auto gt) {
+      return launch_rms_bwd<decltype(xt), decltype(gt)>(g, x, w, rstd, rows, cols, dx, stream);
+    });
+  });
 }
 
 }  // namespace polytrain::cuda_kernels

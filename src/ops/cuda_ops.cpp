@@ -81,28 +81,24 @@ struct AddLayerNorm : torch::autograd::Function<AddLayerNorm> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    // h feeds the residual stream and the LayerNorm: its gradient is the stream's plus the
+    // LayerNorm's backward of the normalised output's; x and y both receive it.
     auto saved = ctx->get_saved_variables();
     const auto& h = saved[0];
     const auto& gamma = saved[3];
     const auto& beta = saved[4];
-    at::Tensor dh;
+    variable_list out(6);
+    at::Tensor dh = grads[0];
     if (grads[1].defined()) {
-      auto go = grads[1].to(at::kFloat).contiguous();
-      auto r = at::native_layer_norm_backward(go, h, {h.size(-1)}, saved[1], saved[2], gamma.to(at::kFloat),
-                                              beta.to(at::kFloat), {true, true, true});
-      dh = std::get<0>(r);
-      variable_list out(6);
-      if (grads[0].defined()) dh = dh + grads[0];
-      out[0] = dh.to(static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt()));
-      out[1] = dh.to(static_cast<at::ScalarType>(ctx->saved_data["y_dtype"].toInt()));
+      auto r = at::native_layer_norm_backward(grads[1].to(at::kFloat).contiguous(), h, {h.size(-1)}, saved[1], saved[2],
+                                              gamma.to(at::kFloat), beta.to(at::kFloat), {true, true, true});
+      dh = dh.defined() ? std::get<0>(r) + dh : std::get<0>(r);
       out[2] = std::get<1>(r).to(gamma.scalar_type());
       out[3] = std::get<2>(r).to(beta.scalar_type());
-      return out;
     }
-    variable_list out(6);
-    if (grads[0].defined()) {
-      out[0] = grads[0].to(static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt()));
-      out[1] = grads[0].to(static_cast<at::ScalarType>(ctx->saved_data["y_dtype"].toInt()));
+    if (dh.defined()) {
+      out[0] = dh.to(static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt()));
+      out[1] = dh.to(static_cast<at::ScalarType>(ctx->saved_data["y_dtype"].toInt()));
     }
     return out;
   }

@@ -3,11 +3,14 @@
 #pragma once
 
 #include <chrono>
+#include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "polytrain/checkpoint/safetensors.h"
 #include "polytrain/swarm/butterfly.h"
 
 namespace polytrain::testing {
@@ -30,6 +33,16 @@ hivemind::Group group_of(const std::vector<std::unique_ptr<Peer>>& peers, const 
   g.group_id = id;
   for (size_t i = 0; i < peers.size(); ++i) g.members.push_back({"peer" + std::to_string(i), peers[i]->address(), 1.0});
   return g;
+}
+
+/// The model weights a run named `name` saved under `dir` at global step `step`
+/// (save_safetensors), by parameter name.
+inline std::map<std::string, at::Tensor> saved_weights(const std::filesystem::path& dir, const std::string& name,
+                                                       int64_t step) {
+  std::map<std::string, at::Tensor> m;
+  for (auto& [k, v] : load_safetensors((dir / name / ("global_step" + std::to_string(step)) / "model.safetensors").string()))
+    m[k] = v;
+  return m;
 }
 
 }  // namespace polytrain::testing
