@@ -8,6 +8,7 @@
 
 #include "polytrain/common/autocast.h"
 #include "polytrain/common/error.h"
+#include "polytrain/ops/cpu_ops.h"
 #include "polytrain/ops/cuda_ops.h"
 
 namespace polytrain {
@@ -50,18 +51,21 @@ at::Tensor reduced_chunked_loss(const at::Tensor& h, const at::Tensor& w, const 
   chunk = std::min(chunk, n);
   const auto hm = h.to(reduced), wm = w.to(reduced), wmt = wm.t();
   const auto bm = b.defined() ? b.to(reduced) : b;
-  if (h.is_cuda() && cuda_ops::available()) {
+  const bool cpu_kernel = !h.is_cuda() && cpu_ops::handles(hm);
+  if ((h.is_cuda() && cuda_ops::available()) || cpu_kernel) {
     // One kernel for the whole cross-entropy chain: the reduced logits become their own
     // gradient (row weight applied), the row losses come back in fp32.
     for (int64_t i = 0; i < n; i += chunk) {
       const int64_t c = std::min(chunk, n - i);
       auto hc = hm.narrow(0, i, c);
       auto gl = bm.defined() ? at::addmm(bm, hc, wmt) : at::mm(hc, wmt);
-      loss.add_(cuda_ops::xent_grad_(gl, y.narrow(0, i, c), row_weight.narrow(0, i, c)).sum());
+      const auto yc = y.narrow(0, i, c), rw = row_weight.narrow(0, i, c);
+      loss.add_((cpu_kernel ? cpu_ops::xent_grad_(gl, yc, rw, g != nullptr) : cuda_ops::xent_grad_(gl, yc, rw)).sum());
       if (!g) continue;
       if (g->db.defined()) g->db.add_(gl.sum(0, false, at::kFloat));
       if (need_h) g->dh.narrow(0, i, c).copy_(at::mm(gl, wm));
-      if (need_w) g->dw.add_(at::mm(gl.t(), hc));
+      if (need_w && cpu_kernel) cpu_ops::accumulate_(g->dw, at::mm(gl.t(), hc));
+      else if (need_w) g->dw.add_(at::mm(gl.t(), hc));
     }
     return loss;
   }
@@ -91,6 +95,14 @@ at::Tensor reduced_chunked_loss(const at::Tensor& h, const at::Tensor& w, const 
   return loss;
 }
 
+void project_out(at::Tensor& logits, const at::Tensor& hc, const at::Tensor& wt, const at::Tensor& b) {
+  if (b.defined()) {
+    at::addmm_out(logits, b, hc, wt);
+  } else {
+    at::mm_out(logits, hc, wt);
+  }
+}
+
 at::Tensor chunked_loss(const at::Tensor& h, const at::Tensor& w, const at::Tensor& b, const at::Tensor& y,
                         const at::Tensor& row_weight, int64_t chunk, bool need_h, bool need_w, bool need_b,
                         Grads* g, at::ScalarType reduced = at::kFloat) {
@@ -103,6 +115,23 @@ at::Tensor chunked_loss(const at::Tensor& h, const at::Tensor& w, const at::Tens
   chunk = std::min(chunk, n);
   auto wt = w.t();
   auto logits_buf = at::empty({chunk, v}, h.options());
+  if (cpu_ops::handles(h)) {  // fp32 on the CPU: the chain in one kernel, in place on the logits
+    for (int64_t i = 0; i < n; i += chunk) {
+      const int64_t c = std::min(chunk, n - i);
+      auto hc = h.narrow(0, i, c);
+      auto gl = logits_buf.narrow(0, 0, c);
+      project_out(gl, hc, wt, b);
+      loss.add_(cpu_ops::xent_grad_(gl, y.narrow(0, i, c), row_weight.narrow(0, i, c), g != nullptr).sum());
+      if (!g) continue;
+      if (need_h) {
+        auto dhc = g->dh.narrow(0, i, c);
+        at::mm_out(dhc, gl, w);
+      }
+      if (need_w) g->dw.addmm_(gl.t(), hc);
+      if (g->db.defined()) g->db.add_(gl.sum(0));
+    }
+    return loss;
+  }
   auto logp_buf = at::empty({chunk, v}, h.options());
   auto minus_one = at::full({chunk, 1}, -1.0, h.options());
   for (int64_t i = 0; i < n; i += chunk) {
@@ -111,11 +140,7 @@ at::Tensor chunked_loss(const at::Tensor& h, const at::Tensor& w, const at::Tens
     auto yc = y.narrow(0, i, c).unsqueeze(1);
     auto rw = row_weight.narrow(0, i, c);
     auto logits = logits_buf.narrow(0, 0, c);
-    if (b.defined()) {
-      at::addmm_out(logits, b, hc, wt);
-    } else {
-      at::mm_out(logits, hc, wt);
-    }
+    project_out(logits, hc, wt, b);
     auto logp = logp_buf.narrow(0, 0, c);
     at::_log_softmax_out(logp, logits, 1, false);
     loss.sub_(at::dot(logp.gather(1, yc).squeeze(1), rw));
@@ -135,10 +160,16 @@ at::Tensor chunked_loss(const at::Tensor& h, const at::Tensor& w, const at::Tens
   return loss;
 }
 
-// CPU: ~32 MB of fp32 logits per chunk (cache-sized). GPU: ~1 GiB, so each chunk's matmuls
-// fill the device (GPT-2: ~5300 rows, a dozen chunks at 64 x 1024 tokens).
-int64_t default_chunk(int64_t v, bool gpu) {
-  return std::max<int64_t>(16, (gpu ? int64_t{1} << 30 : int64_t{32} << 20) / (4 * std::max<int64_t>(v, 1)));
+// CPU: ~32 MB of fp32 logits per chunk (cache-sized). CPU bf16 through cpu_ops: ~128 MB of
+// bf16 logits (the kernel works row by row in cache, and each chunk's bf16 dW is one more pass
+// over the fp32 [V, H] accumulator: GPT-2 at 4 x 256 tokens went from 7 such passes, 158 ms
+// a step, to 1). GPU: ~1 GiB, so each chunk's matmuls fill the device (GPT-2: ~5300 rows, a
+// dozen chunks at 64 x 1024 tokens).
+int64_t default_chunk(int64_t v, bool gpu, at::ScalarType mm) {
+  const int64_t bytes = gpu ? int64_t{1} << 30
+                        : mm == at::kBFloat16 && cpu_ops::enabled() ? int64_t{128} << 20
+                                                                    : int64_t{32} << 20;
+  return std::max<int64_t>(16, bytes / ((gpu || mm == at::kFloat ? 4 : 2) * std::max<int64_t>(v, 1)));
 }
 
 // The matmul dtype: the autocast dtype under autocast (on a CPU: bf16, whose matmuls oneDNN
@@ -254,8 +285,8 @@ at::Tensor fused_linear_cross_entropy(const at::Tensor& hidden, const at::Tensor
            hidden.size(-1), " does not match weight ", weight.sizes());
   PT_CHECK(hidden.numel() / hidden.size(-1) == labels.numel(), "fused_linear_cross_entropy: ",
            labels.numel(), " labels for ", hidden.numel() / hidden.size(-1), " rows");
-  const int64_t chunk = chunk_rows > 0 ? chunk_rows : default_chunk(weight.size(0), hidden.is_cuda());
   const at::ScalarType mm = matmul.value_or(matmul_dtype(hidden));
+  const int64_t chunk = chunk_rows > 0 ? chunk_rows : default_chunk(weight.size(0), hidden.is_cuda(), mm);
   const bool grad = at::GradMode::is_enabled() &&
                     (hidden.requires_grad() || weight.requires_grad() || (bias.defined() && bias.requires_grad()));
   if (grad) {

@@ -1,0 +1,40 @@
+// Fused CPU operations on polytrain's own vector kernels (ops/cpu_ops.cpp), for the two chains
+// where ATen's CPU kernels in Debian's libtorch are slowest in a transformer step:
+// - GELU (erf and tanh forms), forward and backward: ATen's bf16 kernels convert element by
+//   element (GPT-2 124M, bf16, batch 4 x 256: 265 ms of a 1865 ms step);
+// - the LM loss's cross-entropy chain (log-softmax, gather, exp, scatter, dtype casts: ~400 ms
+//   of the same step over the [tokens, 50257] logits).
+// The math is fp32 whatever the storage (fp32 or bf16), on 16 lanes whatever the vector unit
+// (AVX-512, or two AVX2 registers: the same operations, so the same bits), on the thread pool
+// of the other CPU kernels (optim/worker_pool.h). Other dtypes and devices keep ATen's paths.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace polytrain::cpu_ops {
+
+/// On unless POLYTRAIN_CPU_KERNELS=0 is in the environment (read once), or set_enabled(false).
+bool enabled();
+void set_enabled(bool on);
+
+/// The kernels take x: enabled, on the CPU, fp32 or bf16.
+bool handles(const at::Tensor& x);
+
+/// GELU of x (the erf form, or with tanh_approx the tanh approximation of GPT-2's gelu_new),
+/// in x's dtype, computed in fp32. Differentiable in x (once). x: handles(x).
+at::Tensor gelu(const at::Tensor& x, bool tanh_approx);
+
+/// In place on logits [rows, cols] (CPU, fp32 or bf16, rows contiguous): with `grad`, each
+/// row becomes row_weight[r] * (softmax(row) - onehot(labels[r])), the gradient of the
+/// weighted cross-entropy sum, rounded once to the logits' dtype. Returns the rows' weighted
+/// losses row_weight[r] * (logsumexp - row[y]), fp32 [rows]. -inf entries (a padded
+/// vocabulary) get probability 0; NaN propagates to the row's loss. labels int64 [rows], each
+/// in [0, cols); row_weight fp32 [rows]. The same contract as cuda_ops::xent_grad_.
+at::Tensor xent_grad_(const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& row_weight,
+                      bool grad = true);
+
+/// dst += src for a contiguous fp32 dst and a bf16 (or fp32) src of its shape, without the
+/// fp32 copy of src that ATen's mixed-dtype add_ makes first. Enabled kernels only.
+void accumulate_(at::Tensor& dst, const at::Tensor& src);
+
+}  // namespace polytrain::cpu_ops

@@ -1,0 +1,172 @@
+// polytrain's CPU kernels (ops/cpu_ops.h) against ATen's: GELU forward and backward in both
+// forms, the cross-entropy chain, and the fused LM loss through them, in fp32 and bf16.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include <torch/torch.h>
+
+#include "polytrain/common/autocast.h"
+#include "polytrain/models/fused_lm_loss.h"
+#include "polytrain/ops/cpu_ops.h"
+
+using namespace polytrain;
+
+namespace {
+
+struct KernelsOn {  // the tests compare against ATen with the kernels off, whatever the environment
+  KernelsOn() { cpu_ops::set_enabled(true); }
+  ~KernelsOn() { cpu_ops::set_enabled(true); }
+};
+
+double max_abs(const at::Tensor& a, const at::Tensor& b) {
+  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+}
+
+// Values over GELU's whole range, 16 * 64 + 7 of them (a tail of 7 behind whole vectors).
+at::Tensor gelu_inputs() {
+  torch::manual_seed(3);
+  auto x = torch::randn({1031}) * 4;
+  x.narrow(0, 0, 5).copy_(torch::tensor({0.0f, -0.0f, 30.0f, -30.0f, 1e-20f}));
+  return x;
+}
+
+}  // namespace
+
+TEST(CpuOps, GeluMatchesAtenInFp32ForwardAndBackward) {
+  KernelsOn on;
+  for (const bool tanh : {false, true}) {
+    auto x = gelu_inputs().requires_grad_(true);
+    auto xr = x.detach().to(at::kDouble).requires_grad_(true);
+    auto y = cpu_ops::gelu(x, tanh);
+    auto yr = tanh ? torch::gelu(xr, "tanh") : torch::gelu(xr);
+    EXPECT_EQ(y.scalar_type(), at::kFloat);
+    EXPECT_LT(max_abs(y, yr), 2e-6) << "tanh " << tanh;
+    auto g = torch::randn({x.size(0)});
+    y.backward(g);
+    yr.backward(g.to(at::kDouble));
+    EXPECT_LT(max_abs(x.grad(), xr.grad()), 2e-6) << "tanh " << tanh;
+  }
+}
+
+TEST(CpuOps, GeluInBf16IsTheFp32ResultRoundedOnce) {
+  KernelsOn on;
+  for (const bool tanh : {false, true}) {
+    auto x = gelu_inputs().to(at::kBFloat16).requires_grad_(true);
+    auto y = cpu_ops::gelu(x, tanh);
+    EXPECT_EQ(y.scalar_type(), at::kBFloat16);
+    auto ref = cpu_ops::gelu(x.detach().to(at::kFloat), tanh).to(at::kBFloat16);
+    EXPECT_TRUE(torch::equal(y.detach(), ref)) << "tanh " << tanh;
+    auto aten = tanh ? torch::gelu(x.detach().to(at::kDouble), "tanh") : torch::gelu(x.detach().to(at::kDouble));
+    // one bf16 rounding (2^-8 relative) of an fp32 result (1e-6 absolute)
+    EXPECT_LE(((y.detach().to(at::kDouble) - aten).abs() - aten.abs() / 256 - 1e-6).max().item<double>(), 0.0);
+    y.backward(torch::ones_like(y));
+    EXPECT_EQ(x.grad().scalar_type(), at::kBFloat16);
+  }
+}
+
+TEST(CpuOps, GeluOfAnElementDoesNotDependOnItsPlaceOrTheThreads) {
+  KernelsOn on;
+  auto x = torch::randn({100003});
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  auto one = cpu_ops::gelu(x, true);
+  at::set_num_threads(2);
+  auto two = cpu_ops::gelu(x, true);
+  at::set_num_threads(threads);
+  EXPECT_TRUE(torch::equal(one, two));
+  // shifted by one: every element moves between vector lanes, the tail and the body
+  EXPECT_TRUE(torch::equal(cpu_ops::gelu(x.narrow(0, 1, x.size(0) - 1).contiguous(), true), one.narrow(0, 1, x.size(0) - 1)));
+}
+
+TEST(CpuOps, GeluPropagatesNan) {
+  KernelsOn on;
+  auto x = torch::tensor({1.0f, std::nanf(""), -2.0f});
+  auto y = cpu_ops::gelu(x, false);
+  EXPECT_TRUE(std::isnan(y[1].item<float>()));
+  EXPECT_FALSE(std::isnan(y[0].item<float>()));
+}
+
+namespace {
+
+struct XentRef {
+  at::Tensor loss, grad;
+};
+
+XentRef xent_reference(const at::Tensor& logits, const at::Tensor& y, const at::Tensor& w) {
+  auto l = logits.to(at::kDouble);
+  auto logp = torch::log_softmax(l, 1);
+  auto wd = w.to(at::kDouble);
+  auto loss = -logp.gather(1, y.unsqueeze(1)).squeeze(1) * wd;
+  auto grad = logp.exp() - torch::one_hot(y, l.size(1)).to(at::kDouble);
+  return {loss, grad * wd.unsqueeze(1)};
+}
+
+}  // namespace
+
+TEST(CpuOps, CrossEntropyChainMatchesTheReferenceInFp32AndBf16) {
+  KernelsOn on;
+  torch::manual_seed(5);
+  const int64_t rows = 9, cols = 1000 + 13;  // not a multiple of 16
+  auto logits = torch::randn({rows, cols}) * 3;
+  logits.narrow(1, cols - 13, 13).fill_(-std::numeric_limits<float>::infinity());  // a padded vocabulary
+  auto y = torch::randint(0, cols - 13, {rows}, torch::kLong);
+  auto w = torch::full({rows}, 1.0f / rows);
+  w[4] = 0.0f;  // an ignored row
+  for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+    auto x = logits.to(dtype);
+    auto ref = xent_reference(x, y, w);
+    auto g = x.clone();
+    auto loss = cpu_ops::xent_grad_(g, y, w);
+    EXPECT_EQ(loss.scalar_type(), at::kFloat);
+    EXPECT_LT(max_abs(loss, ref.loss), 1e-6) << dtype;
+    const double tol = dtype == at::kFloat ? 1e-8 : 1.0 / rows / 256;
+    EXPECT_LT(max_abs(g, ref.grad), tol) << dtype;
+    EXPECT_TRUE(torch::all(g.narrow(1, cols - 13, 13) == 0).item<bool>());
+    EXPECT_TRUE(torch::all(g[4] == 0).item<bool>());
+    auto no_grad = x.clone();
+    EXPECT_TRUE(torch::equal(cpu_ops::xent_grad_(no_grad, y, w, false), loss));
+    EXPECT_TRUE(torch::equal(no_grad, x));  // untouched without grad
+  }
+}
+
+TEST(CpuOps, CrossEntropyChainPropagatesNanAndRefusesABadLabel) {
+  KernelsOn on;
+  auto logits = torch::randn({2, 40});
+  logits[1][7] = std::nanf("");
+  auto loss = cpu_ops::xent_grad_(logits, torch::tensor({3, 3}, torch::kLong), torch::ones({2}));
+  EXPECT_FALSE(std::isnan(loss[0].item<float>()));
+  EXPECT_TRUE(std::isnan(loss[1].item<float>()));
+  auto x = torch::randn({2, 40});
+  EXPECT_ANY_THROW(cpu_ops::xent_grad_(x, torch::tensor({3, 40}, torch::kLong), torch::ones({2})));
+}
+
+TEST(CpuOps, FusedLmLossThroughTheKernelsEqualsTheAtenPath) {
+  torch::manual_seed(11);
+  const int64_t tokens = 70, hidden = 24, vocab = 301;
+  auto h0 = torch::randn({2, tokens / 2, hidden});
+  auto w0 = torch::randn({vocab, hidden}) * 0.2;
+  auto labels = torch::randint(0, vocab, {2, tokens / 2}, torch::kLong);
+  labels[0][3] = -100;
+  for (const bool bf16 : {false, true}) {
+    at::Tensor loss[2], gh[2], gw[2];
+    for (int on = 0; on < 2; ++on) {
+      cpu_ops::set_enabled(on == 1);
+      auto h = h0.clone().requires_grad_(true);
+      auto w = w0.clone().requires_grad_(true);
+      {
+        std::optional<AutocastGuard> autocast;
+        if (bf16) autocast.emplace(c10::DeviceType::CPU, c10::kBFloat16);
+        loss[on] = fused_linear_cross_entropy(h, w, at::Tensor(), labels, -100, /*chunk_rows=*/16);
+      }
+      loss[on].backward();
+      gh[on] = h.grad(), gw[on] = w.grad();
+    }
+    cpu_ops::set_enabled(true);
+    const double tol = bf16 ? 2e-2 : 1e-5;
+    EXPECT_NEAR(loss[1].item<double>(), loss[0].item<double>(), tol * loss[0].abs().item<double>()) << bf16;
+    EXPECT_LT(max_abs(gh[1], gh[0]), tol * gh[0].abs().max().item<double>()) << bf16;
+    EXPECT_LT(max_abs(gw[1], gw[0]), tol * gw[0].abs().max().item<double>()) << bf16;
+  }
+}
