@@ -80,6 +80,35 @@ TEST(CpuOps, GeluOfAnElementDoesNotDependOnItsPlaceOrTheThreads) {
   EXPECT_TRUE(torch::equal(cpu_ops::gelu(x.narrow(0, 1, x.size(0) - 1).contiguous(), true), one.narrow(0, 1, x.size(0) - 1)));
 }
 
+TEST(CpuOps, Avx2AndAvx512GiveTheSameBits) {
+  KernelsOn on;
+  if (cpu_ops::set_vector_level(-1) < 2) GTEST_SKIP() << "needs AVX-512 to compare with";
+  torch::manual_seed(9);
+  auto x = torch::randn({4099}) * 5;
+  auto g = torch::randn({4099});
+  auto logits = torch::randn({6, 333}) * 4;
+  auto y = torch::randint(0, 333, {6}, torch::kLong);
+  auto w = torch::full({6}, 0.25f);
+  at::Tensor out[2][5];
+  for (int level = 1; level <= 2; ++level) {
+    EXPECT_EQ(cpu_ops::set_vector_level(level), level);
+    for (const bool tanh : {false, true}) {
+      auto xg = x.clone().requires_grad_(true);
+      auto yv = cpu_ops::gelu(xg, tanh);
+      yv.backward(g);
+      out[level - 1][tanh ? 1 : 0] = torch::cat({yv.detach(), xg.grad()});
+    }
+    auto gl = logits.to(at::kBFloat16);
+    auto gf = logits.clone();
+    out[level - 1][2] = cpu_ops::xent_grad_(gl, y, w);
+    out[level - 1][3] = gl;
+    cpu_ops::xent_grad_(gf, y, w);
+    out[level - 1][4] = gf;
+  }
+  cpu_ops::set_vector_level(-1);
+  for (int k = 0; k < 5; ++k) EXPECT_TRUE(torch::equal(out[0][k], out[1][k])) << k;
+}
+
 TEST(CpuOps, GeluPropagatesNan) {
   KernelsOn on;
   auto x = torch::tensor({1.0f, std::nanf(""), -2.0f});

@@ -120,15 +120,18 @@ PT_VEC vf gelu_grad(vf x) {  // d gelu / dx
 #if defined(__x86_64__)
 #define PT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
 #define PT_AVX2 __attribute__((target("avx2,fma")))
+std::atomic<int> forced_level{-1};  // set_vector_level for the tests
 int vector_level() {  // 2: AVX-512, 1: AVX2 + FMA, 0: the generic build
   static const int level = __builtin_cpu_supports("avx512f")                                 ? 2
                            : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 1
                                                                                              : 0;
-  return level;
+  const int forced = forced_level.load(std::memory_order_relaxed);
+  return forced >= 0 && forced < level ? forced : level;
 }
 #else
 #define PT_AVX512
 #define PT_AVX2
+std::atomic<int> forced_level{-1};
 int vector_level() { return 0; }
 #endif
 
@@ -360,6 +363,11 @@ std::atomic<bool>& enabled_flag() {
 
 bool enabled() { return enabled_flag().load(std::memory_order_relaxed); }
 void set_enabled(bool on) { enabled_flag().store(on, std::memory_order_relaxed); }
+
+int set_vector_level(int level) {
+  forced_level.store(level, std::memory_order_relaxed);
+  return vector_level();
+}
 
 bool handles(const at::Tensor& x) {
   return enabled() && x.defined() && x.device().is_cpu() &&

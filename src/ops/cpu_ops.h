@@ -17,6 +17,10 @@ namespace polytrain::cpu_ops {
 bool enabled();
 void set_enabled(bool on);
 
+/// Caps the vector code at `level` (2: AVX-512, 1: AVX2 + FMA, 0: generic; -1: no cap) and
+/// returns the level now used, at most what the CPU has. For the tests.
+int set_vector_level(int level);
+
 /// The kernels take x: enabled, on the CPU, fp32 or bf16.
 bool handles(const at::Tensor& x);
 
