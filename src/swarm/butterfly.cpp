@@ -18,6 +18,12 @@ constexpr size_t kMaxElements = size_t{1} << 34;
 
 size_t chunks_of(size_t len, size_t chunk) { return (len + chunk - 1) / chunk; }
 
+// The hello's compression field, with AllReduceOptions::same_result in a high bit: a member and a
+// reducer that disagree on either are refused like any other mismatch.
+uint32_t hello_compression(Compression c, bool same_result) {
+  return static_cast<uint32_t>(c) | (same_result ? uint32_t{1} << 16 : 0);
+}
+
 Deadline earliest(Deadline a, Deadline b) { return std::min(a, b); }
 
 // Every element is written before it is read: no zero-filling pass over part-sized buffers.
@@ -140,6 +146,10 @@ struct Averager::Round {
   std::string group_id;
   size_t self = 0, members = 0, len = 0, chunk = 0;
   Compression compression = Compression::kNone;
+  /// AllReduceOptions::same_result: the average's compressed chunks, encoded once by the owner;
+  /// every stream sends these bytes and the owner's part holds their decoded values.
+  bool same_result = false;
+  std::vector<std::string> result_chunks;
   Deadline deadline, first_contact;
   std::chrono::milliseconds next_chunk{0};
   std::mutex mu;
@@ -187,7 +197,7 @@ void Averager::handle(Connection& c, const Frame& hello) {
   auto round = wait_for_round(group_id, after(std::chrono::milliseconds(5000)));
   if (!round) return refuse("no averaging round " + group_id + " here");
   Round& r = *round;
-  if (part != r.self || len != r.len || comp != static_cast<uint32_t>(r.compression) || chunk != r.chunk ||
+  if (part != r.self || len != r.len || comp != hello_compression(r.compression, r.same_result) || chunk != r.chunk ||
       !(weight >= 0.0 && weight < 1e15) || len > kMaxElements)  // the reducer checks the weight's real bound
     return refuse("hello does not match the round (part, length, compression, chunk or weight)");
   Round::Sender* s = nullptr;
@@ -270,6 +280,8 @@ void Averager::handle(Connection& c, const Frame& hello) {
       if (r.compression == Compression::kNone) {  // straight from the average
         c.send(kMsgResult, payload, {reinterpret_cast<const char*>(r.average + lo), m * 4}, until);
         continue;
+      } else if (r.same_result) {
+        payload += r.result_chunks[k];
       } else {
         delta.resize(m);
         for (size_t i = 0; i < m; ++i) delta[i] = r.average[lo + i] - s->values[lo + i];
@@ -318,7 +330,7 @@ void send_part(Connection& c, const AllReduceCall& p, size_t j) {
   put_u32(hello, static_cast<uint32_t>(g.self));
   put_u32(hello, static_cast<uint32_t>(j));
   put_u64(hello, len);
-  put_u32(hello, static_cast<uint32_t>(o.compression));
+  put_u32(hello, hello_compression(o.compression, o.same_result));
   put_f64(hello, p.weight);
   put_u64(hello, o.chunk_elements);
   c.send(kMsgAllReduceHello, hello, earliest(after(o.next_chunk_timeout), deadline));
@@ -369,7 +381,8 @@ void receive_result(Connection& c, const AllReduceCall& p, size_t j, Outgoing& o
       if (!decompress(o.compression, fr.rest(), result.get(), m))
         throw NetError(NetError::Kind::kProtocol, "result chunk of the wrong size");
       if (!all_finite(result.get(), m)) throw NetError(NetError::Kind::kProtocol, "non-finite result");
-      for (size_t i = 0; i < m; ++i) data[off + lo + i] += result[i];
+      if (o.same_result) std::copy(result.get(), result.get() + m, data + off + lo);  // the average itself
+      else for (size_t i = 0; i < m; ++i) data[off + lo + i] += result[i];  // the average minus what was sent
     }
     out.kept -= m;
   }
@@ -464,6 +477,19 @@ void clip_part(float* mine, size_t len, const AllReduceCall& p, const PartInputs
   }
 }
 
+/// same_result: the average compressed once, chunk by chunk as the streams send it, and this
+/// peer's part replaced by what the members decode from those bytes.
+void encode_result(Averager::Round& r, float* mine) {
+  const size_t n_chunks = chunks_of(r.len, r.chunk);
+  r.result_chunks.assign(n_chunks, std::string());
+  for (size_t k = 0; k < n_chunks; ++k) {
+    const size_t lo = k * r.chunk, m = std::min(r.chunk, r.len - lo);
+    compress(r.compression, mine + lo, m, r.result_chunks[k]);
+    // A non-finite average fails to decode here and at every member, which refuse its chunk.
+    (void)decompress(r.compression, r.result_chunks[k], mine + lo, m);
+  }
+}
+
 /// Averages this peer's own part over the senders that delivered it and hands it to the streams that send it back.
 void reduce_own_part(Averager::Round& r, const AllReduceCall& p, Offences& offences, AllReduceReport* report) {
   using Round = Averager::Round;
@@ -494,6 +520,7 @@ void reduce_own_part(Averager::Round& r, const AllReduceCall& p, Offences& offen
     if (!pi.self_in) std::fill(mine, mine + r.len, 0.0f);  // weight 0, and 0 x NaN would be NaN
     weighted_mean(mine, r.len, w0, pi.in, divisor);
   }
+  if (r.same_result && r.compression != Compression::kNone) encode_result(r, mine);
   report->part_weight = pi.total;
   report->part_elements = r.len;
   report->part_senders = count;
@@ -526,6 +553,7 @@ std::shared_ptr<Averager::Round> Averager::register_round(const Group& g, size_t
   round->len = len;
   round->chunk = o.chunk_elements;
   round->compression = o.compression;
+  round->same_result = o.same_result;
   round->deadline = deadline;
   round->first_contact = earliest(t0 + o.next_chunk_timeout, deadline);
   round->next_chunk = o.next_chunk_timeout;

@@ -73,6 +73,11 @@ struct AllReduceOptions {
   Aggregation aggregation = Aggregation::kMean;
   double centered_clip_tau = 1.0;
   int centered_clip_iterations = 5;
+  /// Every member ends with the same bits under a lossy compression: a reducer sends its average
+  /// compressed (instead of hivemind's difference to what each member sent, more precise but
+  /// different per member) and keeps the decoded values for its own part. Local updates need it:
+  /// every peer continues from the same outer parameters. The members of a round must agree.
+  bool same_result = false;
 };
 
 /// A reducer's share of the vector is its bandwidth, capped at this many times the median

@@ -15,6 +15,7 @@
 
 #include "polytrain/common/error.h"
 #include "polytrain/data/sample_order.h"
+#include "polytrain/parallel/hivemind/outer_optimizer.h"
 #include "polytrain/swarm/butterfly.h"
 #include "polytrain/swarm/dht.h"
 #include "polytrain/swarm/matchmaking.h"
@@ -27,6 +28,7 @@
 #include "polytrain/swarm/stream_limits.h"
 #include "polytrain/checkpoint/archive_codec.h"
 #include "polytrain/checkpoint/checkpoint.h"
+#include "polytrain/optim/lr_schedule.h"
 #include "polytrain/optim/optimizers.h"
 
 namespace polytrain {
@@ -83,6 +85,7 @@ bool reachable_by_others(hm::DhtNode& dht, const HivemindConfig& h, const std::s
 HivemindBackend::HivemindBackend(const Config& cfg) : ReplicatedBackend(cfg), h_(cfg.hivemind) {
   const std::string batch_error = swarm_batch_error(cfg);  // a Config built in code skips the parser
   PT_INPUT_CHECK(batch_error.empty(), batch_error);
+  configure_local_updates(cfg);
   identity_ = std::make_shared<const hm::Identity>(h_.identity_path.empty() ? hm::Identity::generate()
                                                                             : hm::Identity::load_or_create(h_.identity_path));
 }
@@ -134,6 +137,7 @@ void HivemindBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Co
       if (all.contains(k)) shared[k] = all[k];
     for (const char* k : {"run_id", "target_batch_size", "compression", "average_state_every", "average_opt_statistics"})
       if (all.contains("hivemind") && all["hivemind"].contains(k)) shared["hivemind"][k] = all["hivemind"][k];
+    if (outer_) shared["hivemind"]["outer_optimizer"] = outer_json_;
     config_json_ = shared.dump();
   }
   int64_t n = 0;
@@ -141,6 +145,7 @@ void HivemindBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Co
   // A state round carries the parameters and each averaged optimizer statistic of each.
   const int64_t copies = 1 + static_cast<int64_t>(h_.average_opt_statistics.size());
   flat_ = torch::empty({n * (h_.average_state_every > 0 ? copies : 1)}, torch::kFloat);
+  prepare_local_updates(cfg);
 
   hm::DhtOptions o;
   o.run_id = h_.run_id;
@@ -242,14 +247,18 @@ std::string HivemindBackend::snapshot() const {
   s.epoch = epoch_;
   {
     NamedTensors state;
-    // With offload_optimizer the copy the optimizer steps (the model may lag it by one update).
-    for (const auto& [name, t] : state_with_masters(*model_)) state.emplace_back(name, t.detach().to(torch::kCPU));
+    // With offload_optimizer the copy the optimizer steps (the model may lag it by one update);
+    // with local updates the outer parameters (the local ones differ from peer to peer).
+    for (const auto& [name, t] : outer_ ? outer_state() : state_with_masters(*model_))
+      state.emplace_back(name, t.detach().to(torch::kCPU));
     torch::serialize::OutputArchive a, m;
     save_named_tensors(state, m);
     a.write("model", m);
     s.model = encode_archive(a);
   }
-  {
+  if (outer_) {
+    s.optimizer = outer_optimizer_bytes();
+  } else {
     torch::serialize::OutputArchive o;
     optimizer_->save(o);
     s.optimizer = encode_archive(o);
@@ -280,13 +289,20 @@ void HivemindBackend::restore(const std::string& bytes, const std::string& origi
     PT_INPUT_CHECK(it->second->sizes() == t.sizes(), origin, ": tensor '", name, "' has shape ", it->second->sizes(),
                    ", this model's ", t.sizes(), " (another model in the same run_id?)");
   }
+  at::Tensor outer_momentum;
   {
     torch::serialize::InputArchive opt;
     decode_archive(s->optimizer, origin + " (optimizer)", opt);
-    optimizer_->load(opt, origin);
+    // Local updates: the outer momentum; this peer's inner optimizer keeps its own state.
+    if (!outer_) optimizer_->load(opt, origin);
+    else
+      PT_INPUT_CHECK(opt.try_read(hm::kOuterMomentumKey, outer_momentum), origin, ": has no outer momentum (a swarm "
+                     "without hivemind.outer_optimizer in the same run_id?)");
   }
+  if (outer_) outer_->load_momentum(outer_momentum, origin);
   load_module_state(*model_, loaded, origin);
   load_masters(loaded);
+  if (outer_) outer_->reset(held());
   zero_grads();
   epoch_ = s->epoch;
 }
@@ -374,6 +390,7 @@ int64_t HivemindBackend::catch_up(int64_t step) {
   {
     std::lock_guard<std::mutex> lock(state_mu_);
     epoch_ = step;
+    if (outer_) outer_->reset(held());  // the weights a resume loaded
   }
   tracker_->update_epoch(epoch_);
   const auto g = tracker_->global(true);
@@ -441,33 +458,47 @@ void HivemindBackend::backward(const at::Tensor& loss, const MicroStep& m) {
   accounted_ += m.samples;
   tracker_->report_local_step(
       m.samples, std::chrono::duration<double>(std::chrono::steady_clock::now() - micro_start_).count());
+  if (outer_) inner_step(m.samples);
 }
 
 size_t HivemindBackend::average_flat(std::vector<at::Tensor> tensors, bool grads, const void* group_ptr, double weight,
                                    std::chrono::steady_clock::time_point round_end, int64_t epoch,
                                    const std::string& what) {
-  const auto& group = *static_cast<const hm::Group*>(group_ptr);
   torch::NoGradGuard no_grad;
+  const int64_t n = fill_flat(tensors, grads);
+  const size_t averaged = allreduce_flat(n, grads, group_ptr, weight, round_end, epoch, what);
+  if (!grads) keep_own_where_implausible(tensors, group_ptr, static_cast<size_t>(n), epoch, what);
   int64_t off = 0;
-  for (auto& t : tensors) {
-    const at::Tensor src = grads ? t.grad() : t;
-    auto dst = flat_.narrow(0, off, t.numel());
-    if (src.defined()) dst.copy_(src.reshape({-1}));
-    else dst.zero_();
-    off += t.numel();
-  }
-  const auto report =
-      averager_->allreduce(group, flat_.data_ptr<float>(), static_cast<size_t>(off), weight, allreduce_options(grads, round_end));
-  sent_bytes_ += static_cast<int64_t>(report.bytes_sent);
-  received_bytes_ += static_cast<int64_t>(report.bytes_received);
-  if (!grads) keep_own_where_implausible(tensors, group_ptr, static_cast<size_t>(off), epoch, what);
-  off = 0;
   for (auto& t : tensors) {
     if (grads && !t.grad().defined()) t.mutable_grad() = torch::zeros_like(t);
     at::Tensor dst = grads ? t.grad() : t;
     dst.copy_(flat_.narrow(0, off, t.numel()).view(t.sizes()));
     off += t.numel();
   }
+  return averaged;
+}
+
+int64_t HivemindBackend::fill_flat(const std::vector<at::Tensor>& tensors, bool grads) {
+  torch::NoGradGuard no_grad;
+  int64_t off = 0;
+  for (const auto& t : tensors) {
+    const at::Tensor src = grads ? t.grad() : t;
+    auto dst = flat_.narrow(0, off, t.numel());
+    if (src.defined()) dst.copy_(src.reshape({-1}));
+    else dst.zero_();
+    off += t.numel();
+  }
+  return off;
+}
+
+size_t HivemindBackend::allreduce_flat(int64_t n, bool grads, const void* group_ptr, double weight,
+                                       std::chrono::steady_clock::time_point round_end, int64_t epoch,
+                                       const std::string& what) {
+  const auto& group = *static_cast<const hm::Group*>(group_ptr);
+  const auto report =
+      averager_->allreduce(group, flat_.data_ptr<float>(), static_cast<size_t>(n), weight, allreduce_options(grads, round_end));
+  sent_bytes_ += static_cast<int64_t>(report.bytes_sent);
+  received_bytes_ += static_cast<int64_t>(report.bytes_received);
   const std::string warning = report.warning();
   if (!warning.empty())
     std::fprintf(stderr, "hivemind: epoch %lld %s: %s\n", static_cast<long long>(epoch), what.c_str(), warning.c_str());
@@ -523,6 +554,8 @@ hm::AllReduceOptions HivemindBackend::allreduce_options(bool grads, std::chrono:
   // A member's samples in one global step stay below twice the swarm's target (the target plus
   // what was in flight); a parameter round weighs every member 1.
   o.max_weight = grads ? 2.0 * static_cast<double>(h_.target_batch_size) : 1.0;
+  // Local updates: every peer continues from the same outer parameters, compression or not.
+  o.same_result = grads && outer_ != nullptr;
   if (grads) {  // tau is in gradient units: the parameter round stays a plain mean
     o.aggregation = hm::parse_aggregation(h_.aggregation);
     o.centered_clip_tau = h_.centered_clip_tau;
@@ -541,12 +574,14 @@ void HivemindBackend::finish_update() {
 
 NamedTensors HivemindBackend::full_state(torch::nn::Module& model) {
   finish_update();
-  return ReplicatedBackend::full_state(model);
+  // Local updates: a checkpoint holds the swarm's model, not this peer's local steps since.
+  return outer_ ? outer_state() : ReplicatedBackend::full_state(model);
 }
 
 void HivemindBackend::save_shard(torch::serialize::OutputArchive& archive) {
   finish_update();
   ReplicatedBackend::save_shard(archive);
+  if (outer_) archive.write(hm::kOuterMomentumKey, outer_->momentum());
 }
 
 void HivemindBackend::average_state(const void* group, std::chrono::steady_clock::time_point round_end,
@@ -670,8 +705,11 @@ size_t HivemindBackend::average_gradients(const StepRound& round) {
     for (const auto& p : tracker_->global(false).others)
       if ((p.epoch == round_epoch || p.epoch + 1 == round_epoch) && p.samples_accumulated + p.samples_in_flight > 0)
         late.insert(p.peer_id);
-    averaged = average_flat(params_, /*grads=*/true, &*group, static_cast<double>(local), round.deadline, round_epoch,
-                            "gradients");
+    // Local updates: flat_ holds this peer's pseudo-gradient already (outer minus local).
+    averaged = outer_ ? allreduce_flat(outer_->numel(), /*grads=*/true, &*group, static_cast<double>(local),
+                                       round.deadline, round_epoch, "pseudo-gradients")
+                      : average_flat(params_, /*grads=*/true, &*group, static_cast<double>(local), round.deadline,
+                                     round_epoch, "gradients");
     // hivemind's line after each averaging round that formed a group: the members averaged in
     // full, this peer included (a failed member is named in the warning above instead).
     if (averaged > 1) {
@@ -685,17 +723,18 @@ size_t HivemindBackend::average_gradients(const StepRound& round) {
     }
     known_peers_.insert(late.begin(), late.end());
   } else {
-    std::fprintf(stderr, "hivemind: epoch %lld: no averaging group formed %s; stepping on this peer's %lld local samples\n",
+    std::fprintf(stderr, "hivemind: epoch %lld: no averaging group formed %s; %s on this peer's %lld local samples\n",
                  static_cast<long long>(round_epoch),
                  moved_on ? "(the swarm moved on and its state could not be loaded)"
                           : ("within " + std::to_string(static_cast<int>(h_.averaging_timeout)) + " s (alone or timed out)").c_str(),
-                 static_cast<long long>(local));
+                 outer_ ? "the outer step uses its own pseudo-gradient" : "stepping", static_cast<long long>(local));
   }
   return averaged;
 }
 
 void HivemindBackend::plan_state_round(StepRound& round) {
-  const bool state_round = round.group && round.group->members.size() > 1 && h_.average_state_every > 0 &&
+  // Local updates: the outer step leaves every member with the same parameters already.
+  const bool state_round = !outer_ && round.group && round.group->members.size() > 1 && h_.average_state_every > 0 &&
                            (round.epoch + 1) % h_.average_state_every == 0;
   if (state_round) {
     round.state = *round.group;
@@ -857,7 +896,7 @@ int64_t HivemindBackend::assist(int64_t step, int64_t until) {
     }
     ++rounds;
     const bool helped = assist_round(&*round.group, static_cast<size_t>(n), /*grads=*/true, round.deadline, round.epoch,
-                                     "gradients");
+                                     outer_ ? "pseudo-gradients" : "gradients");
     assisted += helped;
     plan_state_round(round);
     if (round.state) {
@@ -889,7 +928,7 @@ StepResult HivemindBackend::step(const StepRequest& request, int64_t step) {
   round.local = accounted_;
   PT_CHECK(round.local > 0, "hivemind step with no local samples");
   stepped_ = true;
-  scale_to_local_mean(round.local);
+  if (!outer_) scale_to_local_mean(round.local);
   round.epoch = epoch_;
   round.missed = "epoch " + std::to_string(round.epoch) + " ended without this peer";
   {
@@ -901,10 +940,13 @@ StepResult HivemindBackend::step(const StepRequest& request, int64_t step) {
     StepResult r;
     if (rejoin(round, &r)) return r;
   }
+  if (outer_) outer_->pseudo_gradient(held(), flat_);
   const size_t averaged = average_gradients(round);
   plan_state_round(round);
   StepResult r;
-  if (h_.delay_optimizer_step)
+  if (outer_)
+    r = outer_update(step, round.epoch, round.local);
+  else if (h_.delay_optimizer_step)
     r = update_in_background(request, step, round);
   else
     r = update_now(request, step, round);

@@ -25,6 +25,13 @@
 // share of the vector by its bandwidth and contributes nothing (weight 0, hivemind's AUX mode),
 // so client-mode peers can average even when it is the only peer that accepts connections. It
 // publishes no samples, no metrics and no state (its weights are never the swarm's).
+//
+// Local updates (hivemind.outer_optimizer, DiLoCo; local_updates.cpp): every micro-batch is an
+// inner step of the trainer's optimizer on this peer's own data, with no round. Each global step
+// averages the pseudo-gradients (the outer parameters minus the local ones) instead of the
+// gradients, and the outer optimizer (outer_optimizer.h) steps the outer parameters, which every
+// member of the group then continues from. The state a donor serves holds the outer parameters
+// and outer momentum, the same on every peer; each peer's inner optimizer state stays its own.
 #pragma once
 
 #include <atomic>
@@ -54,7 +61,10 @@ class StateDonor;
 class MetricsPublisher;
 struct GlobalProgress;
 struct AllReduceOptions;
+class OuterOptimizer;
 }  // namespace hivemind
+
+class LrSchedule;
 
 class HivemindBackend : public ReplicatedBackend {
  public:
@@ -77,6 +87,8 @@ class HivemindBackend : public ReplicatedBackend {
   /// A delayed update still running is finished (and reaches the model) first.
   NamedTensors full_state(torch::nn::Module& model) override;
   void save_shard(torch::serialize::OutputArchive& archive) override;
+  /// Local updates: the outer momentum too, when the checkpoint has it.
+  void load_shards(ShardReader& reader) override;
 
   /// This peer's DHT address (what others pass as --initial_peers) and id.
   std::string dht_address() const;
@@ -140,6 +152,30 @@ class HivemindBackend : public ReplicatedBackend {
   void enter_next_epoch();
   /// Posts this peer's share of the global step (loss, samples, speed) for monitors.
   void post_metrics(const StepRequest& request, const StepRound& round);
+  /// Fills flat_[0, n) from `tensors` (their gradients with `grads`); returns n.
+  int64_t fill_flat(const std::vector<at::Tensor>& tensors, bool grads);
+  /// The all-reduce of flat_[0, n) with `group`: counts its bytes, says its warning, returns the
+  /// members whose contributions it averaged in full (this peer included).
+  size_t allreduce_flat(int64_t n, bool grads, const void* group, double weight,
+                        std::chrono::steady_clock::time_point round_end, int64_t epoch, const std::string& what);
+
+  // Local updates (local_updates.cpp); all of them do nothing without hivemind.outer_optimizer.
+  /// Reads hivemind.outer_optimizer from the config as given and refuses what it cannot go with.
+  void configure_local_updates(const Config& cfg);
+  /// The outer parameters from the model, the fresh inner optimizer whose state donors serve.
+  void prepare_local_updates(const Config& cfg);
+  /// What the optimizer steps: the offloaded copy with offload_optimizer, else the parameters.
+  const std::vector<at::Tensor>& held() const { return masters_.empty() ? params_ : masters_; }
+  /// One inner step of the trainer's optimizer on the micro-batch whose backward just ran.
+  void inner_step(int64_t samples);
+  /// The outer step with the pseudo-gradient averaged into flat_ (this peer's own without a
+  /// group); every held tensor takes the outer parameters. Ends epoch `epoch`, to which this peer
+  /// gave `local` samples; says so in one line.
+  StepResult outer_update(int64_t step, int64_t epoch, int64_t local);
+  /// The model's state with the outer parameters in place of the trainable ones.
+  NamedTensors outer_state() const;
+  /// The optimizer part of a donated state: a fresh inner optimizer's archive and the outer momentum.
+  std::string outer_optimizer_bytes() const;
 
   HivemindConfig h_;
   std::shared_ptr<const hivemind::Identity> identity_;
@@ -178,6 +214,11 @@ class HivemindBackend : public ReplicatedBackend {
   std::exception_ptr pending_error_;
   bool update_pending_ = false;
   std::condition_variable state_cv_;
+  /// Local updates: null without hivemind.outer_optimizer.
+  std::unique_ptr<hivemind::OuterOptimizer> outer_;
+  std::unique_ptr<LrSchedule> inner_schedule_;  ///< the inner steps' lr: the trainer's schedule at the epoch
+  std::unique_ptr<Optimizer> fresh_inner_;      ///< never stepped: the inner state a donor serves
+  nlohmann::json outer_json_;                   ///< hivemind.outer_optimizer as given (served with the state)
 };
 
 }  // namespace polytrain
