@@ -160,15 +160,14 @@ at::Tensor chunked_loss(const at::Tensor& h, const at::Tensor& w, const at::Tens
   return loss;
 }
 
-// CPU: ~32 MB of fp32 logits per chunk (cache-sized). CPU bf16 through cpu_ops: ~128 MB of
-// bf16 logits (the kernel works row by row in cache, and each chunk's bf16 dW is one more pass
-// over the fp32 [V, H] accumulator: GPT-2 at 4 x 256 tokens went from 7 such passes, 158 ms
-// a step, to 1). GPU: ~1 GiB, so each chunk's matmuls fill the device (GPT-2: ~5300 rows, a
-// dozen chunks at 64 x 1024 tokens).
+// CPU: ~32 MB of fp32 logits per chunk (cache-sized), with a log-probability buffer beside it.
+// CPU through cpu_ops: ~128 MB of logits (fp32 or bf16) and nothing beside them: the kernel
+// works row by row in cache, and each chunk is one more pass over the fp32 [V, H] dW and a
+// GEMM whose inner size is the chunk's rows (GPT-2 at 1024 tokens, bf16: 7 chunks and 158 ms
+// of dW additions a step became 1 chunk). GPU: ~1 GiB, so each chunk's matmuls fill the device
+// (GPT-2: ~5300 rows, a dozen chunks at 64 x 1024 tokens).
 int64_t default_chunk(int64_t v, bool gpu, at::ScalarType mm) {
-  const int64_t bytes = gpu ? int64_t{1} << 30
-                        : mm == at::kBFloat16 && cpu_ops::enabled() ? int64_t{128} << 20
-                                                                    : int64_t{32} << 20;
+  const int64_t bytes = gpu ? int64_t{1} << 30 : cpu_ops::enabled() ? int64_t{128} << 20 : int64_t{32} << 20;
   return std::max<int64_t>(16, bytes / ((gpu || mm == at::kFloat ? 4 : 2) * std::max<int64_t>(v, 1)));
 }
 

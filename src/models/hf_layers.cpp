@@ -10,10 +10,8 @@
 namespace polytrain {
 
 at::Tensor hf_activation(const std::string& a, const at::Tensor& x, const char* key) {
-  const bool tanh = a == "gelu_new" || a == "gelu_pytorch_tanh";
-  if ((a == "gelu" || tanh) && cpu_ops::handles(x)) return cpu_ops::gelu(x, tanh);
   if (a == "gelu") return torch::gelu(x);
-  if (tanh) return torch::gelu(x, "tanh");
+  if (a == "gelu_new" || a == "gelu_pytorch_tanh") return cpu_ops::handles(x) ? cpu_ops::gelu_tanh(x) : torch::gelu(x, "tanh");
   // FastGELUActivation: the tanh approximation with its own constant folding.
   if (a == "gelu_fast") return 0.5 * x * (1.0 + torch::tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)));
   if (a == "relu") return torch::relu(x);

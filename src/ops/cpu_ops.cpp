@@ -73,23 +73,7 @@ PT_VEC vf vexp(vf x) {
   return x > hi ? splat(std::numeric_limits<float>::infinity()) : y;
 }
 
-// erf(z) by Abramowitz & Stegun 7.1.26 (absolute error <= 1.5e-7, the form ATen's vectorised
-// float erf uses).
-PT_VEC vf verf(vf z) {
-  const vu sign = (vu)(z) & 0x80000000u;
-  const vf a = (vf)((vu)(z) & 0x7fffffffu);
-  const vf t = 1.0f / (1.0f + 0.3275911f * a);
-  vf p = splat(1.061405429f);
-  p = p * t - 1.453152027f;
-  p = p * t + 1.421413741f;
-  p = p * t - 0.284496736f;
-  p = p * t + 0.254829592f;
-  const vf e = 1.0f - p * t * vexp(-(a * a));
-  return (vf)((vu)(e) | sign);
-}
-
 constexpr float kSqrt2OverPi = 0.7978845608028654f, kTanhCubic = 0.044715f;
-constexpr float kSqrtHalf = 0.7071067811865476f, kInvSqrt2Pi = 0.3989422804014327f;
 
 // GELU's tanh form through q = 1 - tanh(u) = 2 / (E + 1), E = e^2u, which has no
 // cancellation: 1 + tanh(u) = E q (u < 0) or 2 - q (u >= 0), and 1 - tanh(u)^2 = q (1 + tanh(u)).
@@ -102,19 +86,11 @@ PT_VEC TanhParts tanh_parts(vf x) {
   return {q, x < 0.0f ? e * q : 2.0f - q};
 }
 
-template <bool Tanh>
-PT_VEC vf gelu_fwd(vf x) {
-  if constexpr (Tanh) return 0.5f * x * tanh_parts(x).one_plus;
-  return 0.5f * x * (1.0f + verf(x * kSqrtHalf));
-}
+PT_VEC vf gelu_fwd(vf x) { return 0.5f * x * tanh_parts(x).one_plus; }
 
-template <bool Tanh>
 PT_VEC vf gelu_grad(vf x) {  // d gelu / dx
-  if constexpr (Tanh) {
-    const TanhParts t = tanh_parts(x);
-    return 0.5f * t.one_plus + 0.5f * x * t.q * t.one_plus * kSqrt2OverPi * (1.0f + 3.0f * kTanhCubic * x * x);
-  }
-  return 0.5f * (1.0f + verf(x * kSqrtHalf)) + x * vexp(-0.5f * x * x) * kInvSqrt2Pi;
+  const TanhParts t = tanh_parts(x);
+  return 0.5f * t.one_plus + 0.5f * x * t.q * t.one_plus * kSqrt2OverPi * (1.0f + 3.0f * kTanhCubic * x * x);
 }
 
 #if defined(__x86_64__)
@@ -163,30 +139,26 @@ struct GeluJob {
   const void* g;  // backward: the incoming gradient; null in forward
   void* out;
   int64_t n;
-  bool tanh;
 };
 
-template <typename T, bool Tanh>
+template <typename T>
 PT_VEC void gelu_vectors(const GeluJob& j, int64_t v0, int64_t v1) {
   const T* x = static_cast<const T*>(j.x) + v0 * kLanes;
   const T* g = j.g ? static_cast<const T*>(j.g) + v0 * kLanes : nullptr;
   T* out = static_cast<T*>(j.out) + v0 * kLanes;
   for (int64_t v = v0; v < v1; ++v, x += kLanes, out += kLanes) {
     if (g) {
-      store(out, load(g) * gelu_grad<Tanh>(load(x)));
+      store(out, load(g) * gelu_grad(load(x)));
       g += kLanes;
     } else {
-      store(out, gelu_fwd<Tanh>(load(x)));
+      store(out, gelu_fwd(load(x)));
     }
   }
 }
 
 template <typename T>
 struct GeluBody {
-  static PT_VEC void run(const GeluJob& j, int64_t v0, int64_t v1) {
-    if (j.tanh) gelu_vectors<T, true>(j, v0, v1);
-    else gelu_vectors<T, false>(j, v0, v1);
-  }
+  static PT_VEC void run(const GeluJob& j, int64_t v0, int64_t v1) { gelu_vectors<T>(j, v0, v1); }
 };
 
 template <typename T>
@@ -199,17 +171,17 @@ void run_gelu(const void* ctx, int64_t v0, int64_t v1) {
     T x[kLanes] = {}, g[kLanes] = {}, out[kLanes] = {};
     std::memcpy(x, static_cast<const T*>(j.x) + whole * kLanes, r * sizeof(T));
     if (j.g) std::memcpy(g, static_cast<const T*>(j.g) + whole * kLanes, r * sizeof(T));
-    const GeluJob tail{x, j.g ? g : nullptr, out, kLanes, j.tanh};
+    const GeluJob tail{x, j.g ? g : nullptr, out, kLanes};
     GeluBody<T>::run(tail, 0, 1);
     std::memcpy(static_cast<T*>(j.out) + whole * kLanes, out, r * sizeof(T));
   }
 }
 
-at::Tensor gelu_kernel(const at::Tensor& x, const at::Tensor& grad, bool tanh) {
+at::Tensor gelu_kernel(const at::Tensor& x, const at::Tensor& grad) {
   const auto xc = x.contiguous();
   const auto gc = grad.defined() ? grad.to(xc.scalar_type()).contiguous() : grad;
   auto out = at::empty_like(xc, at::MemoryFormat::Contiguous);
-  const GeluJob job{xc.data_ptr(), gc.defined() ? gc.data_ptr() : nullptr, out.data_ptr(), xc.numel(), tanh};
+  const GeluJob job{xc.data_ptr(), gc.defined() ? gc.data_ptr() : nullptr, out.data_ptr(), xc.numel()};
   const int64_t units = (job.n + kLanes - 1) / kLanes;
   const int parts = cpu_pool::parts_for(units, 4096);
   if (xc.scalar_type() == at::kFloat) cpu_pool::run(run_gelu<float>, &job, units, parts);
@@ -218,15 +190,14 @@ at::Tensor gelu_kernel(const at::Tensor& x, const at::Tensor& grad, bool tanh) {
 }
 
 struct GeluFn : torch::autograd::Function<GeluFn> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, bool tanh) {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x) {
     ctx->save_for_backward({x});
-    ctx->saved_data["tanh"] = tanh;
-    return gelu_kernel(x, at::Tensor(), tanh);
+    return gelu_kernel(x, at::Tensor());
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto x = ctx->get_saved_variables()[0];
-    return {gelu_kernel(x, grads[0], ctx->saved_data["tanh"].toBool()), at::Tensor()};
+    return {gelu_kernel(x, grads[0])};
   }
 };
 
@@ -374,9 +345,9 @@ bool handles(const at::Tensor& x) {
          (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16);
 }
 
-at::Tensor gelu(const at::Tensor& x, bool tanh_approx) {
-  PT_CHECK(handles(x), "cpu_ops::gelu: takes fp32 or bf16 CPU tensors");
-  return GeluFn::apply(x, tanh_approx);
+at::Tensor gelu_tanh(const at::Tensor& x) {
+  PT_CHECK(handles(x), "cpu_ops::gelu_tanh: takes fp32 or bf16 CPU tensors");
+  return GeluFn::apply(x);
 }
 
 at::Tensor xent_grad_(const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& row_weight, bool grad) {

@@ -1,7 +1,7 @@
 // Fused CPU operations on polytrain's own vector kernels (ops/cpu_ops.cpp), for the two chains
 // where ATen's CPU kernels in Debian's libtorch are slowest in a transformer step:
-// - GELU (erf and tanh forms), forward and backward: ATen's bf16 kernels convert element by
-//   element (GPT-2 124M, bf16, batch 4 x 256: 265 ms of a 1865 ms step);
+// - GELU's tanh form (GPT-2's gelu_new), forward and backward: ATen's runs 4x (fp32) to 10x
+//   (bf16) slower than its erf form (GPT-2 124M, bf16, batch 4 x 256: 265 ms of a 1865 ms step);
 // - the LM loss's cross-entropy chain (log-softmax, gather, exp, scatter, dtype casts: ~400 ms
 //   of the same step over the [tokens, 50257] logits).
 // The math is fp32 whatever the storage (fp32 or bf16), on 16 lanes whatever the vector unit
@@ -24,9 +24,10 @@ int set_vector_level(int level);
 /// The kernels take x: enabled, on the CPU, fp32 or bf16.
 bool handles(const at::Tensor& x);
 
-/// GELU of x (the erf form, or with tanh_approx the tanh approximation of GPT-2's gelu_new),
-/// in x's dtype, computed in fp32. Differentiable in x (once). x: handles(x).
-at::Tensor gelu(const at::Tensor& x, bool tanh_approx);
+/// GELU's tanh approximation of x (GPT-2's gelu_new, torch's approximate="tanh"), in x's
+/// dtype, computed in fp32. Differentiable in x (once). x: handles(x). The erf form stays
+/// ATen's: its vectorised kernel is as fast as this one.
+at::Tensor gelu_tanh(const at::Tensor& x);
 
 /// In place on logits [rows, cols] (CPU, fp32 or bf16, rows contiguous): with `grad`, each
 /// row becomes row_weight[r] * (softmax(row) - onehot(labels[r])), the gradient of the
