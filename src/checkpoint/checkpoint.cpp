@@ -73,9 +73,11 @@ CheckpointWriter::CheckpointWriter(std::string dir, std::string tag, CheckpointG
 }
 
 CheckpointWriter::~CheckpointWriter() {
-  if (committed_) return;
+  // Only the committing rank removes the unfinished folder: another rank's failure may be one a
+  // fault-tolerant job survives (the save is redone), and the next save clears a leftover one.
+  if (committed_ || !group_.commits) return;
   std::error_code ec;
-  fs::remove_all(tmp_, ec);  // any rank may: the job fails with it
+  fs::remove_all(tmp_, ec);
 }
 
 void CheckpointWriter::write_file(const std::string& name, const std::string& bytes) {

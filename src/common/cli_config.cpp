@@ -16,6 +16,7 @@
 #include "polytrain/common/cli_suggest.h"
 #include "polytrain/common/config_paths.h"
 #include "polytrain/common/error.h"
+#include "polytrain/common/fault_tolerance_config.h"
 #include "polytrain/common/self_launch.h"
 
 namespace polytrain {
@@ -168,6 +169,13 @@ void add_parallel_flags(CLI::App& app, ConfigFlags& flags) {
   add_value<std::string>(app, flags, "--offload_optimizer", {"zero_optimization", "offload_optimizer", "device"},
                          "cpu or none: ZeRO-Offload (zero_optimization.offload_optimizer.device)")
       ->default_str("none")->group(kParallelGroup);
+  add_switch(app, flags, "--fault_tolerance", {"trainer", "fault_tolerance", "enabled"}, true,
+             "pytorchDDP over Gloo survives lost ranks: the others regroup and redo the step over the same global "
+             "batch (trainer.fault_tolerance; docs/fault_tolerance.md)")->group(kParallelGroup);
+  add_value<int64_t>(app, flags, "--min_world_size", {"trainer", "fault_tolerance", "min_world_size"},
+                     "fewest ranks a fault-tolerant job goes on with; implies --fault_tolerance "
+                     "(trainer.fault_tolerance.min_world_size)")
+      ->default_str("1")->group(kParallelGroup);
 }
 
 void add_data_flags(CLI::App& app, ConfigFlags& flags) {
@@ -363,7 +371,9 @@ Config build_config(const ConfigFlags& flags, int64_t world_size) {
   // A data-parallel run that starts itself under `launch` does it before its config is
   // resolved: the batch triple is checked in the ranks, at the world launch gives them.
   if (world_size < 1) self_launch_if_asked(self_launch_options(merged));
-  return config_from_json_with(merged, origin, world_size, std::move(path_errors));
+  Config cfg = config_from_json_with(merged, origin, world_size, std::move(path_errors));
+  resolve_fault_tolerance(cfg, origin);
+  return cfg;
 }
 
 }  // namespace polytrain

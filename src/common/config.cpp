@@ -796,6 +796,14 @@ json config_to_json(const Config& in) {
   out["trainer"] = write(c.trainer);
   if (c.trainer.env_type == "hivemind" || (c.source.is_object() && c.source.contains("hivemind")))
     out["hivemind"] = write(c.hivemind);
+  // Blocks no typed field holds, which their owners read from the source (outer_optimizer.h,
+  // fault_tolerance_config.h): back verbatim.
+  for (const auto& [section, key] : {std::pair<const char*, const char*>{"hivemind", "outer_optimizer"},
+                                     std::pair<const char*, const char*>{"trainer", "fault_tolerance"}}) {
+    if (c.source.is_object() && c.source.contains(section) && c.source[section].is_object() &&
+        c.source[section].contains(key))
+      out[section][key] = c.source[section][key];
+  }
   // Ignored DeepSpeed keys go back verbatim, so the dump means to DeepSpeed what the input did.
   for (const std::string& path : c.ignored_keys) {
     json::json_pointer from = pointer_of(path);

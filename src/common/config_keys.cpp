@@ -98,6 +98,8 @@ ObjectReader::ObjectReader(const json* obj, std::string path, ParseContext& ctx)
   // An object no typed field holds: the hivemind backend reads and checks it from Config::source
   // (src/parallel/hivemind/outer_optimizer.h).
   if (path_ == "hivemind") known_.insert("outer_optimizer");
+  // Likewise trainer.fault_tolerance, read and checked by fault_tolerance_config.h.
+  if (path_ == "trainer") known_.insert("fault_tolerance");
 }
 
 std::string ObjectReader::path_of(const std::string& key) const {

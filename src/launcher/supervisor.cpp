@@ -135,7 +135,16 @@ int node_failure_code(const std::string& line) {
   return std::regex_search(line, m, re) ? std::stoi(m[1]) : -1;
 }
 
-void emit_line(Proc& p, Stream& s, const std::string& line, int tail_lines, RepeatedErrors& errors) {
+// Lines of the training program's fault tolerance (trainer.fault_tolerance) the launcher acts on.
+const char kFaultToleranceOn[] = "fault tolerance: on";
+const std::regex& ranks_left_line() {
+  static const std::regex re("^fault tolerance: ranks? ([0-9]+(, [0-9]+)*) left");
+  return re;
+}
+
+void emit_line(Proc& p, Stream& s, const std::string& line, int tail_lines, RepeatedErrors& errors,
+               std::vector<std::string>& fault_tolerance_lines) {
+  if (p.spec->rank >= 0 && line.rfind("fault tolerance: ", 0) == 0) fault_tolerance_lines.push_back(line);
   if (p.spec->rank < 0 || errors.show(line, p.spec->rank)) {
     const std::string text = p.spec->prefix + line + "\n";
     std::fwrite(text.data(), 1, text.size(), s.out);
@@ -152,12 +161,12 @@ void emit_line(Proc& p, Stream& s, const std::string& line, int tail_lines, Repe
 }
 
 // Reads what is available; returns false at EOF.
-bool pump(Proc& p, Stream& s, int tail_lines, RepeatedErrors& errors) {
+bool pump(Proc& p, Stream& s, int tail_lines, RepeatedErrors& errors, std::vector<std::string>& ft_lines) {
   char buf[65536];
   const ssize_t n = read(s.fd, buf, sizeof(buf));
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) return true;
   if (n <= 0) {
-    if (!s.pending.empty()) emit_line(p, s, s.pending, tail_lines, errors);
+    if (!s.pending.empty()) emit_line(p, s, s.pending, tail_lines, errors, ft_lines);
     s.pending.clear();
     close(s.fd);
     s.fd = -1;
@@ -174,7 +183,7 @@ bool pump(Proc& p, Stream& s, int tail_lines, RepeatedErrors& errors) {
       std::fflush(s.out);
       continue;
     }
-    emit_line(p, s, piece, tail_lines, errors);
+    emit_line(p, s, piece, tail_lines, errors, ft_lines);
   }
   s.pending.erase(0, start);
   return true;
@@ -259,6 +268,11 @@ struct Group {
   Outcome result;
   RepeatedErrors errors;  // the ranks' error lines, each shown once on the console
   bool stopping = false, killed = false;
+  // Fault tolerance, once a rank said it is on: a failed worker is a lost rank the others go
+  // on without (the first one kept for the report should they all fail).
+  bool fault_tolerant = false;
+  int first_lost = -1;
+  std::vector<std::string> ft_lines;  // fault tolerance lines not acted on yet
   Clock::time_point kill_at{}, drain_until{};
 
   Group(const std::vector<ProcSpec>& specs, const SuperviseOptions& o);
@@ -273,6 +287,13 @@ struct Group {
   void release();
   Outcome report();
   void report_failure(const Proc& f) const;
+  void on_failure(size_t i);
+  bool any_succeeded() const {
+    for (const auto& p : procs)
+      if (p.spec->rank >= 0 && p.reaped && exit_code_of(p.status) == 0) return true;
+    return false;
+  }
+  void on_fault_tolerance_lines();
 };
 
 // One Proc per spec, its log file (if any) opened.
@@ -317,11 +338,41 @@ void Group::reap() {
     if (waitpid(p.pid, &st, WNOHANG) != p.pid) continue;
     p.reaped = true;
     p.status = st;
-    if (exit_code_of(st) != 0 && result.failed < 0 && !stopping) {
-      result.failed = static_cast<int>(i);
-      begin_stop();
+    if (exit_code_of(st) != 0 && result.failed < 0 && !stopping) on_failure(i);
+  }
+}
+
+// A failed process stops the group, unless fault tolerance is on: then a failed worker is a lost
+// rank, and the others go on without it or stop by themselves.
+void Group::on_failure(size_t i) {
+  const Proc& p = procs[i];
+  if (fault_tolerant && p.spec->rank >= 0) {
+    if (first_lost < 0) first_lost = static_cast<int>(i);
+    std::fprintf(stderr, "launch: %s (pid %d) %s; fault tolerance: the other ranks go on or stop by themselves\n",
+                 p.spec->label.c_str(), static_cast<int>(p.pid), describe(p.status).c_str());
+    std::fflush(stderr);
+    return;
+  }
+  result.failed = static_cast<int>(i);
+  begin_stop();
+}
+
+// "fault tolerance: on" switches the group to fault tolerance; "fault tolerance: rank R left"
+// means the survivors regrouped without R: a rank that is only silent (stopped, hung) is killed,
+// since it must not come back into a group that moved on.
+void Group::on_fault_tolerance_lines() {
+  for (const auto& line : ft_lines) {
+    if (line.rfind(kFaultToleranceOn, 0) == 0) fault_tolerant = true;
+    std::smatch m;
+    if (!fault_tolerant || !std::regex_search(line, m, ranks_left_line())) continue;
+    std::stringstream ranks(m[1].str());
+    for (std::string r; std::getline(ranks, r, ',');) {
+      const int rank = std::stoi(r);
+      for (auto& p : procs)
+        if (p.spec->rank == rank && p.pid > 0 && !p.reaped) kill(-p.pid, SIGKILL);
     }
   }
+  ft_lines.clear();
 }
 
 // What workers left behind (re-parented to us): SIGTERM, SIGKILL after the grace period,
@@ -396,8 +447,10 @@ void Group::wait_and_relay(Clock::time_point now, bool all_reaped) {
   }
   if (fds[0].revents & POLLIN) on_launcher_signals();
   for (size_t k = 1; k < fds.size(); ++k) {
-    if (fds[k].revents & (POLLIN | POLLHUP | POLLERR)) pump(*owners[k].first, *owners[k].second, opts.tail_lines, errors);
+    if (fds[k].revents & (POLLIN | POLLHUP | POLLERR))
+      pump(*owners[k].first, *owners[k].second, opts.tail_lines, errors, ft_lines);
   }
+  on_fault_tolerance_lines();
 }
 
 // The signals the launcher received (from the signal pipe): the first stops the group, a second kills it.
@@ -430,6 +483,8 @@ void Group::release() {
 // Sets the exit code and reports on stderr why the group stopped (a signal to the launcher, or a failure).
 Outcome Group::report() {
   for (const auto& note : errors.notes()) std::fprintf(stderr, "%s\n", note.c_str());
+  // Fault tolerance: the job succeeded when a rank finished; else the first loss is its failure.
+  if (result.launcher_signal == 0 && result.failed < 0 && first_lost >= 0 && !any_succeeded()) result.failed = first_lost;
   if (result.launcher_signal != 0) {
     result.exit_code = 128 + result.launcher_signal;
     std::fprintf(stderr, "launch: received %s; stopped %zu process(es)\n", strsignal(result.launcher_signal),

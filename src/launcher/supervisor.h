@@ -55,7 +55,10 @@ struct Outcome {
 /// Runs `procs` to completion. The first non-zero exit stops the others and is reported on
 /// stderr (which process, its exit code or signal, its last lines but the error lines the
 /// console already shows, and which ranks printed the same error line). SIGINT, SIGTERM and
-/// SIGHUP to the launcher stop the group too.
+/// SIGHUP to the launcher stop the group too. Once a worker prints a line starting with
+/// "fault tolerance: on" (trainer.fault_tolerance), a failed worker no longer stops the group: the
+/// others go on without it, a worker named in a "fault tolerance: rank R left" line is killed (it
+/// was left out of their group), and the outcome is 0 when any worker exits 0.
 Outcome supervise(const std::vector<ProcSpec>& procs, const SuperviseOptions& opts);
 
 /// The launcher's environment as KEY=VALUE with `overrides` applied.

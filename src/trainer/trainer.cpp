@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <set>
 
@@ -32,12 +33,15 @@
 #include "polytrain/common/dist_env.h"
 #include "polytrain/common/error.h"
 #include "polytrain/common/fault.h"
+#include "polytrain/common/fault_tolerance_config.h"
 #include "polytrain/common/self_launch.h"
 #include "polytrain/data/sample_order.h"
 #include "polytrain/models/activation_checkpoint.h"
 #include "polytrain/checkpoint/safetensors.h"
 #include "polytrain/parallel/amp.h"
 #include "polytrain/parallel/backend.h"
+#include "polytrain/parallel/comm/comm_failure.h"
+#include "polytrain/parallel/ddp/fault_tolerance.h"
 #include "polytrain/checkpoint/checkpoint.h"
 #include "polytrain/trainer/experiment.h"
 #include "polytrain/trainer/interrupt_note.h"
@@ -351,6 +355,7 @@ void Trainer::setup(const std::shared_ptr<torch::nn::Module>& model, const Batch
                        "block) is on, but this model does not implement polytrain::ActivationCheckpointing");
     ac->set_activation_checkpointing(true);
   }
+  check_fault_tolerance();
   const int64_t parameters = count_parameters(*model);  // whole: the backend may shard it
   tokens_per_sample_ = tokens_per_sample(train_data);
   // The backend checks the model against its layout (a tensor-parallel plan, ...) before
@@ -359,6 +364,11 @@ void Trainer::setup(const std::shared_ptr<torch::nn::Module>& model, const Batch
   prepared_ = true;
   open_experiment();
   print_run_summary(parameters);
+  // Also the launcher's cue (supervisor.h): from here on, a lost rank does not stop the group.
+  if (elastic_)
+    metrics_->print_line("fault tolerance: on, " + std::to_string(elastic_->original_members()) + " ranks, min_world_size " +
+                         std::to_string(fault_tolerance_options(cfg_).min_world_size) +
+                         " (a lost rank's micro-batches go to the others and the interrupted step is redone)");
   if (amp.enabled) metrics_->print_line(describe_amp(amp, cfg_.amp.opt_level));
   model->train();
   schedule_ = make_lr_schedule(cfg_.scheduler, cfg_.optimizer.lr);
@@ -478,14 +488,38 @@ StepResult Trainer::train_step(torch::nn::Module& model, const BatchSource& data
     at::Tensor loss_sum;  // sum over micro-batches of (mean loss x samples), on the device: read once per step
     int64_t samples = 0;
     double forward_ms = 0;
+    // Fault tolerance: micro-batch m is plan[m]; another member's micro-batch k draws the dropout
+    // numbers this rank's own micro-batch k drew (data-parallel ranks share one RNG stream).
+    const std::vector<MicroBatchSlot>* plan = nullptr;
+    int64_t members = 1;
+    std::function<SampleStream&(int64_t member)> stream_of;
+    int64_t micro_steps = 0;
+    std::vector<at::Tensor> rng_before;  // before own micro-batch k
+    at::Tensor rng_after_own;
+    SampleStream::Draw draw(int64_t n) {
+      const int64_t m = micro_steps++;
+      if (!plan || plan->empty()) return stream.next(t.step_, samples * readers, n);
+      const MicroBatchSlot& slot = plan->at(static_cast<size_t>(m));
+      if (slot.member == plan->front().member) {
+        rng_before.push_back(cpu_rng_state());
+      } else {
+        if (!rng_after_own.defined()) rng_after_own = cpu_rng_state();
+        set_cpu_rng_state(rng_before.at(static_cast<size_t>(slot.index)));
+      }
+      return stream_of(slot.member).next(t.step_, slot.index * n * members, n);
+    }
+    // After the step's micro-batches: the RNG where the own ones left it, as in a run without losses.
+    void finish() {
+      if (rng_after_own.defined()) set_cpu_rng_state(rng_after_own);
+    }
     Runner(Trainer& t_, torch::nn::Module& m, const BatchSource& d, SampleStream& s, const StepRequest& r, Backend& b)
         : t(t_), model(m), data(d), stream(s), request(r), device(b.context().device), readers(b.data_shard().members),
           per_step(static_cast<double>(b.samples_per_step())) {}
     at::Tensor forward(int64_t n) override {
       const auto t0 = Clock::now();
-      const auto draw = stream.next(t.step_, samples * readers, n);
-      t.epoch_ = draw.epoch;
-      Batch batch = data.make_batch(draw.indices, draw.epoch).to(device);
+      const auto d = draw(n);
+      t.epoch_ = d.epoch;
+      Batch batch = data.make_batch(d.indices, d.epoch).to(device);
       ModelOutput out;
       {
         auto autocast = maybe_autocast(t.autocast_, device);
@@ -502,14 +536,28 @@ StepResult Trainer::train_step(torch::nn::Module& model, const BatchSource& data
       return scaled / (per_step / static_cast<double>(n));
     }
   } runner(*this, model, data, stream, request, b);
+  if (elastic_) {
+    runner.plan = &elastic_->plan();
+    runner.members = elastic_->original_members();
+    runner.stream_of = [&](int64_t member) -> SampleStream& { return member_stream(member, stream, data.size()); };
+  }
   const auto t_mb = Clock::now();
   b.run_micro_batches(runner);
+  runner.finish();
   interval_ms_[1] += runner.forward_ms;
   interval_ms_[2] += ms_since(t_mb) - runner.forward_ms;  // the backwards (and a schedule's waits)
   PT_CHECK(runner.samples > 0, b.name(), " asked for no micro-batch in step ", step_ + 1);
   // The step's host syncs on a GPU: this read of the loss (once the backward is queued) and
   // the gradient norm in b.step; the next batch is made and copied while the update runs.
   const double loss_total = runner.loss_sum.item<double>();
+  if (elastic_) {
+    // Before the update: a failure in any collective of the step then leaves the weights alone.
+    *loss = b.reduce_metric(loss_total / elastic_->loss_divisor());
+    const auto t0 = Clock::now();
+    const StepResult r = b.step(request, step_);
+    interval_ms_[3] += ms_since(t0);
+    return r;
+  }
   const auto t0 = Clock::now();
   const StepResult r = b.step(request, step_);
   interval_ms_[3] += ms_since(t0);
@@ -591,6 +639,72 @@ void Trainer::record_step(const StepResult& r, double loss, double lr) {
   for (double& t : interval_ms_) t = 0.0;
 }
 
+// trainer.fault_tolerance needs a backend that can regroup (an ElasticGroup).
+void Trainer::check_fault_tolerance() {
+  if (!fault_tolerance_options(cfg_).enabled) return;
+  elastic_ = dynamic_cast<ElasticGroup*>(backend_.get());
+  PT_INPUT_CHECK(elastic_, "trainer.fault_tolerance: env_type ", cfg_.trainer.env_type,
+                 cfg_.zero_optimization.stage > 0 ? " with ZeRO" : "", " cannot survive lost ranks (pytorchDDP over Gloo can)");
+}
+
+SampleStream& Trainer::member_stream(int64_t member, SampleStream& own, int64_t dataset_size) {
+  if (member == elastic_->plan().front().member) return own;
+  auto& s = member_streams_[member];
+  if (!s)
+    s = std::make_unique<SampleStream>(dataset_size, cfg_.trainer.seed, cfg_.batch.train_batch_size, member,
+                                       elastic_->original_members(), false);
+  return *s;
+}
+
+// One step; with fault tolerance, a step whose collectives fail because ranks are lost is redone
+// by the survivors over the same global batch, from the same RNG state.
+StepResult Trainer::step_surviving_failures(torch::nn::Module& model, const BatchSource& data, SampleStream& stream,
+                                            const StepRequest& request, double* loss) {
+  if (!elastic_) return train_step(model, data, stream, request, loss);
+  while (true) {
+    const at::Tensor rng = cpu_rng_state();
+    const auto t0 = Clock::now();
+    try {
+      return train_step(model, data, stream, request, loss);
+    } catch (const CommFailure& e) {
+      set_cpu_rng_state(rng);
+      const std::string step = std::to_string(step_ + 1);
+      regroup_after(e.what(), t0, step_ + 1, "at step " + step,
+                    "step " + step + " redone over the same " + std::to_string(backend_->global_batch()) + " samples");
+    }
+  }
+}
+
+// With fault tolerance, an evaluation or a checkpoint that a lost rank interrupts is done again by
+// the survivors (a checkpoint's unfinished folder is never loaded and the next save clears it).
+void Trainer::surviving(const std::string& what, const std::function<void()>& work) {
+  while (true) {
+    const auto t0 = Clock::now();
+    try {
+      work();
+      return;
+    } catch (const CommFailure& e) {
+      if (!elastic_) throw;
+      regroup_after(e.what(), t0, step_, "during " + what, what + " redone");
+    }
+  }
+}
+
+// The regroup, then one membership line and a metrics.jsonl record: who left, who goes on, what
+// is redone and the seconds lost since `since` (the interrupted attempt's start); `step`: the
+// step redone, or the one whose evaluation or checkpoint is.
+void Trainer::regroup_after(const std::string& why, Clock::time_point since, int64_t step, const std::string& when,
+                            const std::string& redone) {
+  const MembershipChange c = elastic_->regroup(step_);
+  const double lost_s = ms_since(since) / 1000.0;
+  const auto ranks = [](const std::vector<int64_t>& r) { return (r.size() > 1 ? "ranks " : "rank ") + rank_list(r); };
+  metrics_->print_line("fault tolerance: " + ranks(c.left) + " left " + when + " (" + why + "); " +
+                       std::to_string(c.members.size()) + (c.members.size() > 1 ? " ranks go on (" : " rank goes on (") +
+                       ranks(c.members) + " of the start), " + redone + "; " + fmt("%.1f", lost_s) + " s lost");
+  metrics_->note({{"event", "membership_change"}, {"step", step}, {"when", when}, {"left", c.left},
+                  {"members", c.members}, {"generation", c.generation}, {"seconds_lost", lost_s}, {"reason", why}});
+}
+
 TrainResult Trainer::train(std::shared_ptr<torch::nn::Module> model, const BatchSource& train_data,
                            const BatchSource* eval_data) {
   PT_CHECK(model, "train() needs a model");
@@ -640,15 +754,17 @@ TrainResult Trainer::run_loop(torch::nn::Module& model, const BatchSource& train
     const auto t0 = Clock::now();
     const StepRequest request{schedule_->lr(applied_), schedule_->momentum(applied_), scaler_ ? scaler_->scale() : 1.0};
     double loss = 0.0;
-    const StepResult r = train_step(model, train_data, stream, request, &loss);
+    const StepResult r = step_surviving_failures(model, train_data, stream, request, &loss);
     interval_ms_[0] += ms_since(t0);
     result.losses.push_back(loss);
     ++steps_run_;
     record_step(r, loss, request.lr);
+    fault_point("step");
     if (eval_data && opts.eval_interval > 0 && (step_ % opts.eval_interval == 0 || step_ >= total_steps_))
-      run_eval_and_record(model, *eval_data, stream);
+      surviving("the evaluation of step " + std::to_string(step_),
+                [&] { run_eval_and_record(model, *eval_data, stream); });
     if ((opts.save_interval > 0 && step_ % opts.save_interval == 0) || step_ >= total_steps_)
-      save(model, step_tag(step_), stream);
+      surviving("the checkpoint of step " + std::to_string(step_), [&] { save(model, step_tag(step_), stream); });
   }
   metrics_->finish();
   backend_->release_model(model);  // a split model is whole again (collective)

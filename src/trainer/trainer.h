@@ -5,6 +5,8 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -22,6 +24,7 @@
 namespace polytrain {
 
 class Backend;
+class ElasticGroup;
 class InterruptNote;
 class LrSchedule;
 class MetricsLogger;
@@ -89,10 +92,20 @@ class Trainer {
   StepResult train_step(torch::nn::Module& model, const BatchSource& data, SampleStream& stream,
                         const StepRequest& request, double* loss);
   void record_step(const StepResult& r, double loss, double lr);
+  void check_fault_tolerance();
+  StepResult step_surviving_failures(torch::nn::Module& model, const BatchSource& data, SampleStream& stream,
+                                     const StepRequest& request, double* loss);
+  SampleStream& member_stream(int64_t member, SampleStream& own, int64_t dataset_size);
+  void surviving(const std::string& what, const std::function<void()>& work);
+  void regroup_after(const std::string& why, std::chrono::steady_clock::time_point since, int64_t step,
+                     const std::string& when, const std::string& redone);
   void run_eval_and_record(torch::nn::Module& model, const BatchSource& eval_data, const SampleStream& stream);
   void save(torch::nn::Module& model, const std::string& tag, const SampleStream& stream);
 
   std::unique_ptr<Backend> backend_;
+  ElasticGroup* elastic_ = nullptr;  ///< the backend, with trainer.fault_tolerance
+  /// Fault tolerance: the sample streams of lost members, whose micro-batches this rank runs.
+  std::map<int64_t, std::unique_ptr<SampleStream>> member_streams_;
   bool prepared_ = false;
   std::unique_ptr<MetricsLogger> metrics_;
   std::unique_ptr<LrSchedule> schedule_;

@@ -23,6 +23,7 @@
 #include <torch/torch.h>
 
 #include "polytrain/common/error.h"
+#include "polytrain/parallel/comm/comm_failure.h"
 #include "polytrain/parallel/comm/rendezvous.h"
 
 namespace polytrain {
@@ -97,6 +98,9 @@ class GlooCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string engine() const override { return "gloo"; }
+  const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  const std::shared_ptr<::gloo::transport::Device>& device() const { return device_; }
 
   std::unique_ptr<CommWork> all_reduce_async(at::Tensor& t, ReduceOp op) override {
     PT_CHECK(t.is_contiguous(), "all_reduce needs a contiguous tensor");
@@ -212,7 +216,47 @@ class GlooCommunicator : public Communicator {
 
 bool loopback(const std::string& addr) { return addr == "localhost" || addr.rfind("127.", 0) == 0; }
 
+std::string as_string(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
+std::vector<uint8_t> as_bytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
+
 }  // namespace
+
+GlooGroupFactory gloo_group_factory(Communicator& world) {
+  auto* g = dynamic_cast<GlooCommunicator*>(&world);
+  if (!g) return {};
+  auto store = g->store();
+  auto device = g->device();
+  const auto timeout = g->timeout();
+  return [store, device, timeout](const std::string& name, int rank, int size) -> std::unique_ptr<Communicator> {
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(name, store);
+    return std::make_unique<GlooCommunicator>(prefixed, rank, size, timeout, device, name);
+  };
+}
+
+StoreOps gloo_store_ops(Communicator& world) {
+  auto* g = dynamic_cast<GlooCommunicator*>(&world);
+  if (!g) return {};
+  auto store = g->store();
+  // A store call that fails means its host (rank 0's process) is gone: there is no quorum.
+  auto guarded = [](const char* what, auto&& call) {
+    try {
+      return call();
+    } catch (const std::exception& e) {
+      throw CommFailure(cat("the rendezvous store (hosted by rank 0's process) did not answer a ", what, ": ",
+                            first_line(e)));
+    }
+  };
+  StoreOps ops;
+  ops.set = [store, guarded](const std::string& k, const std::string& v) {
+    guarded("set", [&] { store->set(k, as_bytes(v)); return 0; });
+  };
+  ops.has = [store, guarded](const std::string& k) { return guarded("check", [&] { return store->check({k}); }); };
+  ops.set_once = [store, guarded](const std::string& k, const std::string& v) {
+    return guarded("compare-and-set", [&] { return as_string(store->compareSet(k, {}, as_bytes(v))); });
+  };
+  ops.get = [store, guarded](const std::string& k) { return guarded("get", [&] { return as_string(store->get(k)); }); };
+  return ops;
+}
 
 std::unique_ptr<Communicator> make_gloo_communicator(int rank, int size, const std::string& addr, int port,
                                                      std::chrono::milliseconds timeout) {

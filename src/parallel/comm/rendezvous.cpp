@@ -17,6 +17,7 @@
 
 #include "polytrain/common/error.h"
 #include "polytrain/common/tcp_port.h"
+#include "polytrain/parallel/comm/comm_failure.h"
 
 namespace polytrain {
 
@@ -116,7 +117,7 @@ void C10dWork::wait() {
   try {
     w->wait();
   } catch (const std::exception& e) {
-    throw Error(detail::cat(what_, " failed: ", first_line(e)));
+    throw CommFailure(detail::cat(what_, " failed: ", first_line(e)));
   }
   if (then_) std::exchange(then_, {})();
 }

@@ -29,7 +29,7 @@ SplitPlace split_place(Communicator& comm, int color, int key, const c10::Device
 /// The first line of an exception's message (c10 errors append C++ stack traces).
 std::string first_line(const std::exception& e);
 
-/// A c10d::Work as a CommWork: wait() rethrows a failure as an Error naming `what` (the rank
+/// A c10d::Work as a CommWork: wait() rethrows a failure as a CommFailure (comm_failure.h) naming `what` (the rank
 /// and operation), then runs `then` (a fallback's finishing step). With `wait_on_destroy`, a
 /// handle dropped unwaited still waits (Gloo writes into host buffers the caller may free).
 class C10dWork : public CommWork {

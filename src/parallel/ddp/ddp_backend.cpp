@@ -2,6 +2,7 @@
 // gradient hooks on the boundary micro-step, then the shared update on identical gradients.
 #include "polytrain/parallel/ddp/ddp_backend.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include <torch/nn/module.h>
@@ -11,6 +12,7 @@
 #include "polytrain/common/error.h"
 #include "polytrain/common/fault.h"
 #include "polytrain/checkpoint/checkpoint.h"
+#include "polytrain/parallel/comm/comm_failure.h"
 #include "polytrain/parallel/comm/rank_ops.h"
 #include "polytrain/parallel/parallel_dims.h"
 #include "polytrain/parallel/tensor_parallel/tp_transform.h"
@@ -20,7 +22,7 @@ namespace polytrain {
 using detail::cat;
 
 DdpBackend::DdpBackend(const Config& cfg, std::unique_ptr<Communicator> world)
-    : ReplicatedBackend(cfg), comm_(std::move(world)) {
+    : ReplicatedBackend(cfg), comm_(std::move(world)), ft_(fault_tolerance_options(cfg)) {
   const auto& t = cfg.trainer;
   if (!comm_) comm_ = world_communicator(t, ctx_.device);
   // Every compatibility check, as env_type pytorchDDP unless the grid is deepspeed+mpu's.
@@ -40,6 +42,80 @@ DdpBackend::DdpBackend(const Config& cfg, std::unique_ptr<Communicator> world)
   bucket_bytes_ = t.reduce_bucket_size;
   overlap_ = t.overlap_comm;
   find_unused_ = t.find_unused_parameters;
+  if (ft_.enabled) enable_fault_tolerance(dims.tp);
+}
+
+void DdpBackend::enable_fault_tolerance(int64_t tp) {
+  PT_INPUT_CHECK(tp == 1, "trainer.fault_tolerance: not with tensor parallelism (trainer.model_parallel_size ", tp,
+                 "): a lost rank takes a part of the model with it");
+  new_group_ = gloo_group_factory(*comm_);
+  store_ = gloo_store_ops(*comm_);
+  // A c10d Gloo group can be rebuilt over the rendezvous store; Open MPI as Debian builds it has
+  // no ULFM (a lost rank ends the MPI job) and NCCL is not wired for it.
+  PT_INPUT_CHECK(new_group_ && store_.set, "trainer.fault_tolerance: needs trainer.comm_backend gloo, this job runs ",
+                 comm_->engine());
+  PT_INPUT_CHECK(ft_.min_world_size <= comm_->size(), "trainer.fault_tolerance.min_world_size ", ft_.min_world_size,
+                 " is above the world size ", comm_->size());
+  for (int64_t r = 0; r < comm_->size(); ++r) original_members_.push_back(r);
+  members_ = original_members_;
+  me_ = comm_->rank();
+  own_accumulation_ = accumulation_;
+}
+
+double DdpBackend::loss_divisor() const {
+  return summed_ ? static_cast<double>(global_batch_) / static_cast<double>(comm_->size())
+                 : static_cast<double>(micro_ * accumulation_);
+}
+
+MembershipChange DdpBackend::regroup(int64_t step) {
+  PT_CHECK(!original_members_.empty(), "regroup() without trainer.fault_tolerance");
+  for (auto& w : work_) w.reset();  // waits for what the broken group still runs (failing fast)
+  // Dropping the group closes this rank's connections: a survivor still blocked on one of them
+  // fails at once instead of at comm_timeout.
+  comm_.reset();
+  const std::vector<int64_t> before = members_;
+  // A member lost while the new group connects makes the others' connect fail (at comm_timeout):
+  // then another quorum, without it.
+  while (!comm_) {
+    agree(step);
+    const int rank = static_cast<int>(std::find(members_.begin(), members_.end(), me_) - members_.begin());
+    try {
+      fault_point("rendezvous");
+      comm_ = new_group_(cat("ft/g", generation_, "/group"), rank, static_cast<int>(members_.size()));
+    } catch (const Error&) {
+      comm_.reset();
+    }
+  }
+  MembershipChange c;
+  c.generation = generation_;
+  c.members = members_;
+  for (int64_t m : before)
+    if (std::find(members_.begin(), members_.end(), m) == members_.end()) c.left.push_back(m);
+  set_data_parallel_context(ctx_, *comm_);
+  plan_ = micro_batch_plan(members_, original_members_.size(), own_accumulation_, me_);
+  accumulation_ = static_cast<int64_t>(plan_.size());
+  summed_ = true;
+  buckets_->zero();  // the interrupted step's partial gradients
+  return c;
+}
+
+// One quorum (a new membership generation); InputError below min_world_size, naming the lost ranks.
+void DdpBackend::agree(int64_t step) {
+  ++generation_;
+  try {
+    const std::chrono::milliseconds wait(static_cast<int64_t>(ft_.quorum_wait * 1000));
+    members_ = agree_membership(store_, generation_, me_, members_, step, wait);
+  } catch (const CommFailure& e) {
+    throw Error(cat("fault tolerance: no quorum: ", e.what(), "; rank 0's process hosts the rendezvous store, so "
+                    "the job cannot survive its loss"));
+  }
+  if (static_cast<int64_t>(members_.size()) >= ft_.min_world_size) return;
+  std::vector<int64_t> lost;
+  for (int64_t m : original_members_)
+    if (std::find(members_.begin(), members_.end(), m) == members_.end()) lost.push_back(m);
+  throw InputError(cat("fault tolerance: rank", lost.size() > 1 ? "s " : " ", rank_list(lost), " of ",
+                       original_members_.size(), " lost at step ", step + 1, "; ", members_.size(),
+                       " left, below trainer.fault_tolerance.min_world_size ", ft_.min_world_size, ": the job stops"));
 }
 
 DdpBackend::~DdpBackend() {
@@ -102,7 +178,7 @@ void DdpBackend::backward(const at::Tensor& loss, const MicroStep& m) {
 }
 
 void DdpBackend::launch(size_t b) {
-  if (!work_[b]) work_[b] = comm_->all_reduce_async(buckets_->bucket(b).buffer, ReduceOp::kAvg);
+  if (!work_[b]) work_[b] = comm_->all_reduce_async(buckets_->bucket(b).buffer, summed_ ? ReduceOp::kSum : ReduceOp::kAvg);
   fault_point("allreduce");
 }
 

@@ -10,7 +10,9 @@
 #include <memory>
 #include <vector>
 
+#include "polytrain/common/fault_tolerance_config.h"
 #include "polytrain/parallel/comm/communicator.h"
+#include "polytrain/parallel/ddp/fault_tolerance.h"
 #include "polytrain/parallel/grad_buckets.h"
 #include "polytrain/parallel/replicated_backend.h"
 
@@ -18,7 +20,10 @@ namespace polytrain {
 
 class TensorParallelTransform;
 
-class DdpBackend : public ReplicatedBackend {
+/// With trainer.fault_tolerance (Gloo, tensor-parallel size 1) it is an ElasticGroup
+/// (fault_tolerance.h): after a regroup, gradients are summed over the survivors and each
+/// micro-batch's loss is divided by the global batch, since the ranks no longer run equal shares.
+class DdpBackend : public ReplicatedBackend, public ElasticGroup {
  public:
   /// Uses `world` when given (tests), else the communicator of the launcher's environment. With
   /// trainer.model_parallel_size > 1 the world is split into the TP x DP grid.
@@ -38,6 +43,12 @@ class DdpBackend : public ReplicatedBackend {
   void save_shard(torch::serialize::OutputArchive& archive) override;
   void load_shards(ShardReader& reader) override;
   void release_model(torch::nn::Module& model) override;
+  int64_t samples_per_step() const override { return summed_ ? global_batch_ : micro_ * accumulation_; }
+
+  MembershipChange regroup(int64_t step) override;
+  const std::vector<MicroBatchSlot>& plan() const override { return plan_; }
+  int64_t original_members() const override { return original_members_.size(); }
+  double loss_divisor() const override;
 
   /// The tensor-parallel group (this rank alone when tp is 1).
   Communicator& tp_group() { return tp_group_ ? *tp_group_ : *comm_; }
@@ -48,6 +59,8 @@ class DdpBackend : public ReplicatedBackend {
 
  private:
   void launch(size_t bucket);
+  void enable_fault_tolerance(int64_t tp);
+  void agree(int64_t step);
   Communicator& world() { return world_ ? *world_ : *comm_; }
 
   std::string name_ = "pytorchDDP";
@@ -61,6 +74,17 @@ class DdpBackend : public ReplicatedBackend {
   double exposed_comm_seconds_ = 0.0;
   std::unique_ptr<GradBuckets> buckets_;
   std::vector<std::unique_ptr<CommWork>> work_;  ///< per bucket, while its all_reduce runs
+  // Fault tolerance:
+  FaultToleranceOptions ft_;
+  GlooGroupFactory new_group_;
+  StoreOps store_;
+  std::vector<int64_t> original_members_;  ///< 0 .. world size - 1 at the start
+  std::vector<int64_t> members_;           ///< the original ranks of the current group, in rank order
+  int64_t me_ = 0;                         ///< this rank's original rank
+  int64_t own_accumulation_ = 1;           ///< micro-batches of each member's share
+  int64_t generation_ = 0;
+  bool summed_ = false;                    ///< after a regroup: sum, not mean, over the group
+  std::vector<MicroBatchSlot> plan_;
 };
 
 }  // namespace polytrain

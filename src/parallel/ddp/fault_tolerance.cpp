@@ -1,0 +1,86 @@
+// The quorum over the rendezvous store and the micro-batch plan of fault_tolerance.h.
+#include "polytrain/parallel/ddp/fault_tolerance.h"
+
+#include <algorithm>
+#include <sstream>
+#include <thread>
+
+#include "polytrain/common/error.h"
+
+namespace polytrain {
+
+using detail::cat;
+
+std::vector<MicroBatchSlot> micro_batch_plan(const std::vector<int64_t>& members, int64_t original,
+                                             int64_t accumulation, int64_t me) {
+  std::vector<MicroBatchSlot> plan;
+  for (int64_t k = 0; k < accumulation; ++k) plan.push_back({me, k});
+  const auto place = std::find(members.begin(), members.end(), me) - members.begin();
+  int64_t dealt = 0;
+  for (int64_t lost = 0; lost < original; ++lost) {
+    if (std::find(members.begin(), members.end(), lost) != members.end()) continue;
+    for (int64_t k = 0; k < accumulation; ++k, ++dealt)
+      if (dealt % static_cast<int64_t>(members.size()) == place) plan.push_back({lost, k});
+  }
+  return plan;
+}
+
+std::string rank_list(const std::vector<int64_t>& ranks) {
+  std::string s;
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  return s;
+}
+
+namespace {
+
+std::string csv(const std::vector<int64_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s;
+}
+
+std::vector<int64_t> parse_csv(const std::string& s) {
+  std::vector<int64_t> v;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');) v.push_back(std::stoll(item));
+  return v;
+}
+
+// The members of `previous` that have registered so far.
+std::vector<int64_t> registered(const StoreOps& store, const std::string& base, const std::vector<int64_t>& previous) {
+  std::vector<int64_t> alive;
+  for (int64_t m : previous)
+    if (store.has(base + "alive/" + std::to_string(m))) alive.push_back(m);
+  return alive;
+}
+
+}  // namespace
+
+std::vector<int64_t> agree_membership(const StoreOps& store, int64_t generation, int64_t me,
+                                      const std::vector<int64_t>& previous, int64_t step,
+                                      std::chrono::milliseconds settle) {
+  const std::string base = cat("ft/g", generation, "/");
+  store.set(base + "alive/" + std::to_string(me), std::to_string(step));
+  // A survivor learns of the failure when its own collective fails, which the others' dropped
+  // connections make quick; `settle` bounds the wait for one that is busy computing.
+  const auto deadline = std::chrono::steady_clock::now() + settle;
+  std::vector<int64_t> alive = registered(store, base, previous);
+  while (alive.size() < previous.size() && std::chrono::steady_clock::now() < deadline &&
+         !store.has(base + "members")) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    alive = registered(store, base, previous);
+  }
+  const std::vector<int64_t> members = parse_csv(store.set_once(base + "members", csv(alive)));
+  if (std::find(members.begin(), members.end(), me) == members.end())
+    throw Error(cat("fault tolerance: rank ", me, " reached the quorum of membership generation ", generation,
+                    " after it closed (members ", rank_list(members), "); it leaves the job"));
+  for (int64_t m : members) {
+    const std::string theirs = store.get(base + "alive/" + std::to_string(m));
+    if (theirs != std::to_string(step))
+      throw Error(cat("fault tolerance: rank ", m, " stands at step ", theirs, ", rank ", me, " at step ", step,
+                      ": the interrupted step completed on some ranks only, which this version cannot redo"));
+  }
+  return members;
+}
+
+}  // namespace polytrain
