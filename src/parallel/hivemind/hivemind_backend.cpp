@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <optional>
 #include <set>
@@ -80,9 +81,28 @@ bool reachable_by_others(hm::DhtNode& dht, const HivemindConfig& h, const std::s
   return ask(donors).value_or(true);  // the first peer of a swarm has nobody to ask
 }
 
+// The benchmarks' hostile peer (bench/hivemind_centered_clip.sh): POLYTRAIN_HIVEMIND_POISON=F
+// makes this peer send its gradients times F (-10: flipped and scaled) in every gradient round.
+// 1 when unset; anything but a finite number is an InputError naming the variable.
+double poison_factor() {
+  static const double factor = [] {
+    const char* v = std::getenv("POLYTRAIN_HIVEMIND_POISON");
+    if (!v || !*v) return 1.0;
+    char* end = nullptr;
+    const double f = std::strtod(v, &end);
+    PT_INPUT_CHECK(end && *end == '\0' && std::isfinite(f), "POLYTRAIN_HIVEMIND_POISON='", v,
+                   "': expected a finite factor (e.g. -10)");
+    return f;
+  }();
+  return factor;
+}
+
 }  // namespace
 
 HivemindBackend::HivemindBackend(const Config& cfg) : ReplicatedBackend(cfg), h_(cfg.hivemind) {
+  if (poison_factor() != 1.0)
+    std::fprintf(stderr, "hivemind: POLYTRAIN_HIVEMIND_POISON: this peer sends its gradients times %g (a benchmark's hostile peer)\n",
+                 poison_factor());
   const std::string batch_error = swarm_batch_error(cfg);  // a Config built in code skips the parser
   PT_INPUT_CHECK(batch_error.empty(), batch_error);
   configure_local_updates(cfg);
@@ -495,6 +515,7 @@ size_t HivemindBackend::allreduce_flat(int64_t n, bool grads, const void* group_
                                        std::chrono::steady_clock::time_point round_end, int64_t epoch,
                                        const std::string& what) {
   const auto& group = *static_cast<const hm::Group*>(group_ptr);
+  if (grads && poison_factor() != 1.0) flat_.narrow(0, 0, n).mul_(poison_factor());
   const auto report =
       averager_->allreduce(group, flat_.data_ptr<float>(), static_cast<size_t>(n), weight, allreduce_options(grads, round_end));
   sent_bytes_ += static_cast<int64_t>(report.bytes_sent);
