@@ -379,6 +379,7 @@ void parse_data(const json* j, ParseContext& ctx, DataConfig& d, const ModelConf
 void parse_trainer(const json* j, ParseContext& ctx, TrainerOptions& t, bool* read) {
   ObjectReader r(j, "trainer", ctx);
   visit(r, t);
+  r.accept("fault_tolerance");  // no typed field: read and checked from the source (fault_tolerance_config.h)
   *read = true;
   r.finish();
   r.one_of("env_type", t.env_type, kEnvTypes);
@@ -425,6 +426,7 @@ namespace {
 void parse_hivemind(const json* j, ParseContext& ctx, HivemindConfig& h) {
   ObjectReader r(j, "hivemind", ctx);
   visit(r, h);
+  r.accept("outer_optimizer");  // no typed field: read and checked from the source (outer_optimizer.h)
   r.finish();
   if (h.run_id.empty() || h.run_id.size() > 64 ||
       h.run_id.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") != std::string::npos)

@@ -95,11 +95,6 @@ ObjectReader::ObjectReader(const json* obj, std::string path, ParseContext& ctx)
     if (path_.empty()) ctx_.fail("the config must be a JSON object, got " + describe(*obj_));
     ctx_.fail("'" + path_ + "' must be an object, got " + describe(*obj_));
   }
-  // An object no typed field holds: the hivemind backend reads and checks it from Config::source
-  // (src/parallel/hivemind/outer_optimizer.h).
-  if (path_ == "hivemind") known_.insert("outer_optimizer");
-  // Likewise trainer.fault_tolerance, read and checked by fault_tolerance_config.h.
-  if (path_ == "trainer") known_.insert("fault_tolerance");
 }
 
 std::string ObjectReader::path_of(const std::string& key) const {
