@@ -134,12 +134,10 @@ TEST(FaultToleranceConfig, ShapesAndErrors) {
 
 namespace {
 
+using polytrain::testing::bert_vocab_present;
+
 const std::string kLaunch = POLYTRAIN_BINARY_DIR "/launch";
 const std::string kTrain = POLYTRAIN_BINARY_DIR "/train_bert";
-
-bool have_assets() {
-  return fs::exists(fs::path(POLYTRAIN_SOURCE_DIR) / ".cache/assets/vocab/bert-base-uncased-vocab.txt");
-}
 
 struct Job {
   int code = -1;
@@ -214,7 +212,7 @@ int count_step_lines(const std::string& out) {
 
 // The must-show run: rank 2 SIGKILLed after step 5; survivors redo step 6 over the same 12 samples.
 TEST(FaultTolerance, ARankKilledAfterStep5CostsOneRetryNotTheJob) {
-  PT_SKIP_UNLESS(have_assets(), "the BERT vocab in .cache/assets (scripts/fetch_assets.sh)");
+  PT_SKIP_UNLESS(bert_vocab_present(), "the BERT vocab in .cache/assets (scripts/fetch_assets.sh)");
   TempDir t("pt_ft");
   const Job& base = uninterrupted();
   ASSERT_EQ(base.code, 0) << base.out;
@@ -235,7 +233,7 @@ TEST(FaultTolerance, ARankKilledAfterStep5CostsOneRetryNotTheJob) {
 // Silent rather than dead: rank 2 SIGSTOPped after step 5 is found by comm_timeout (6 s), left out
 // of the group, and killed by the launcher once the survivors say it left.
 TEST(FaultTolerance, AStoppedRankIsLeftOutAndTheJobEndsWell) {
-  PT_SKIP_UNLESS(have_assets(), "the BERT vocab in .cache/assets (scripts/fetch_assets.sh)");
+  PT_SKIP_UNLESS(bert_vocab_present(), "the BERT vocab in .cache/assets (scripts/fetch_assets.sh)");
   TempDir t("pt_ft");
   const Job& base = uninterrupted();
   ASSERT_EQ(base.code, 0) << base.out;
@@ -251,7 +249,7 @@ TEST(FaultTolerance, AStoppedRankIsLeftOutAndTheJobEndsWell) {
 // killed in the middle of step 12's gradient all-reduce (POLYTRAIN_FAULT's 'allreduce' point is
 // passed twice a step with one bucket); rank 0 finishes alone, every step still the same.
 TEST(FaultTolerance, TwoFailuresTheSecondMidAllReduce) {
-  PT_SKIP_UNLESS(have_assets(), "the BERT vocab in .cache/assets (scripts/fetch_assets.sh)");
+  PT_SKIP_UNLESS(bert_vocab_present(), "the BERT vocab in .cache/assets (scripts/fetch_assets.sh)");
   TempDir t("pt_ft");
   const Job& base = uninterrupted();
   ASSERT_EQ(base.code, 0) << base.out;
@@ -272,7 +270,7 @@ TEST(FaultTolerance, TwoFailuresTheSecondMidAllReduce) {
 // (POLYTRAIN_FAULT's 'rendezvous' point, passed a second time there). Rank 0's connect fails at
 // comm_timeout, a second quorum leaves it alone, and it redoes step 6 by itself.
 TEST(FaultTolerance, ARankLostWhileTheNewGroupConnects) {
-  PT_SKIP_UNLESS(have_assets(), "the BERT vocab in .cache/assets (scripts/fetch_assets.sh)");
+  PT_SKIP_UNLESS(bert_vocab_present(), "the BERT vocab in .cache/assets (scripts/fetch_assets.sh)");
   TempDir t("pt_ft");
   const Job& base = uninterrupted();
   ASSERT_EQ(base.code, 0) << base.out;
@@ -290,10 +288,8 @@ TEST(FaultTolerance, ARankLostWhileTheNewGroupConnects) {
 
 // A rank killed after step 8, whose checkpoint is the next collective: the survivors fail at the
 // save's first barrier, write that checkpoint again and train on; the last checkpoint loads.
-// (Killed in the middle of the writes, another rank's failed writer may remove the folder rank 0
-// still writes into: docs/fault_tolerance.md, "Not yet".)
 TEST(FaultTolerance, ARankLostAtACheckpointSave) {
-  PT_SKIP_UNLESS(have_assets(), "the BERT vocab in .cache/assets (scripts/fetch_assets.sh)");
+  PT_SKIP_UNLESS(bert_vocab_present(), "the BERT vocab in .cache/assets (scripts/fetch_assets.sh)");
   TempDir t("pt_ft");
   const Job& base = uninterrupted();
   ASSERT_EQ(base.code, 0) << base.out;
@@ -328,7 +324,7 @@ TEST(FaultTolerance, ARankLostAtACheckpointSave) {
 // Below min_world_size the job stops as without fault tolerance: the lost rank's exit code, and a
 // line that names it.
 TEST(FaultTolerance, BelowMinWorldSizeTheJobStopsNamingTheLostRank) {
-  PT_SKIP_UNLESS(have_assets(), "the BERT vocab in .cache/assets (scripts/fetch_assets.sh)");
+  PT_SKIP_UNLESS(bert_vocab_present(), "the BERT vocab in .cache/assets (scripts/fetch_assets.sh)");
   TempDir t("pt_ft");
   const Job ft = run_job(t, "below", "POLYTRAIN_FAULT=2:step:5:KILL",
                          " --fault_tolerance --min_world_size 3", 120);
@@ -342,7 +338,7 @@ TEST(FaultTolerance, BelowMinWorldSizeTheJobStopsNamingTheLostRank) {
 
 // What cannot survive a lost rank says so in one line before anything runs.
 TEST(FaultTolerance, RefusedWhereItCannotWork) {
-  PT_SKIP_UNLESS(have_assets(), "the BERT vocab in .cache/assets (scripts/fetch_assets.sh)");
+  PT_SKIP_UNLESS(bert_vocab_present(), "the BERT vocab in .cache/assets (scripts/fetch_assets.sh)");
   TempDir t("pt_ft");
   const Job zero = run_job(t, "zero", "", " --fault_tolerance --zero_stage 2", 60, "deepspeed");
   EXPECT_EQ(zero.code, 2) << zero.out;

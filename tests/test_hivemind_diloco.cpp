@@ -195,11 +195,10 @@ TEST(SameResult, CompressedRoundsLeaveEveryMemberWithTheSameBits) {
 
 namespace {
 
+using polytrain::testing::bert_vocab_present;
+
 const std::string kTrainBert = POLYTRAIN_BINARY_DIR "/train_bert";
 
-bool assets_present() {
-  return fs::exists(fs::path(POLYTRAIN_SOURCE_DIR) / ".cache/assets/vocab/bert-base-uncased-vocab.txt");
-}
 
 // Peers of train_bert on the corpus, bert_tiny without dropout and with a constant lr (the
 // warmup's lr 0 at step 0 would leave a first global step of inner steps without effect).
@@ -207,7 +206,7 @@ struct LocalUpdates : ::testing::Test {
   polytrain::testing::TempDir tmp{"pt_diloco"};
   fs::path dir = tmp.path;
   void SetUp() override {
-    PT_SKIP_UNLESS(assets_present(), "the BERT vocab in .cache/assets (scripts/fetch_assets.sh)");
+    PT_SKIP_UNLESS(bert_vocab_present(), "the BERT vocab in .cache/assets (scripts/fetch_assets.sh)");
     json c = polytrain::testing::deterministic_bert_tiny(dir / "exp", 1);
     c.erase("scheduler");
     c["hivemind"]["compression"] = "uint8";

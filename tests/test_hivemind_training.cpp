@@ -40,18 +40,17 @@ using polytrain::testing::OwnProcess;
 
 namespace {
 
+using polytrain::testing::bert_vocab_present;
+
 const std::string kTrainBert = POLYTRAIN_BINARY_DIR "/train_bert";
 const std::string kMonitor = POLYTRAIN_BINARY_DIR "/hivemind_monitor";
 
-bool assets_present() {
-  return fs::exists(fs::path(POLYTRAIN_SOURCE_DIR) / ".cache/assets/vocab/bert-base-uncased-vocab.txt");
-}
 
 struct Swarm : ::testing::Test {
   polytrain::testing::TempDir tmp{"pt_swarm"};
   fs::path dir = tmp.path;
   void SetUp() override {
-    PT_SKIP_UNLESS(assets_present(), "the BERT vocab in .cache/assets (scripts/fetch_assets.sh)");
+    PT_SKIP_UNLESS(bert_vocab_present(), "the BERT vocab in .cache/assets (scripts/fetch_assets.sh)");
     json c = polytrain::testing::deterministic_bert_tiny(dir / "exp", 1);
     std::ofstream(dir / "config.json") << c.dump(2);
   }

@@ -226,17 +226,11 @@ PT_VEC float lanes_sum(vf v) {
 // The row's tail (cols % 16 entries) as a whole vector, padded with -inf (probability 0).
 template <typename T>
 PT_VEC vf load_tail(const T* p, int64_t r) {
-  float f[kLanes];
-  for (int k = 0; k < kLanes; ++k) f[k] = -std::numeric_limits<float>::infinity();
-  if constexpr (std::is_same_v<T, float>) {
-    std::memcpy(f, p, r * sizeof(float));
-  } else {
-    for (int64_t k = 0; k < r; ++k) {
-      const uint32_t u = static_cast<uint32_t>(p[k]) << 16;
-      std::memcpy(&f[k], &u, 4);
-    }
-  }
-  return load(f);
+  T buf[kLanes];
+  if constexpr (std::is_same_v<T, float>) std::fill(buf, buf + kLanes, -std::numeric_limits<float>::infinity());
+  else std::fill(buf, buf + kLanes, uint16_t{0xff80});  // bf16 -inf
+  std::memcpy(buf, p, r * sizeof(T));
+  return load(buf);
 }
 
 template <typename T>

@@ -32,6 +32,12 @@ inline nlohmann::json shipped_config(const std::string& name) {
   return c;
 }
 
+/// The BERT vocabulary the corpus tests need (scripts/fetch_assets.sh puts it in .cache/assets).
+inline bool bert_vocab_present() {
+  return std::filesystem::exists(std::filesystem::path(POLYTRAIN_SOURCE_DIR) /
+                                 ".cache/assets/vocab/bert-base-uncased-vocab.txt");
+}
+
 /// bert_tiny.json as the multi-process tests run it: dropout off, no gradient accumulation,
 /// every step logged, no eval until step 1000, no progress bar, safetensors checkpoints,
 /// experiments under `experiments_dir`, `num_threads` threads per process.
