@@ -9,6 +9,8 @@
 #   polytrain            what train_gpt2 runs by default: tcmalloc linked in, all cores, fused
 #                        LM loss (no [tokens, 50257] logits)
 #   same math            polytrain with the dense logits of the Python side
+#   ATen's GEMM          polytrain's default with POLYTRAIN_GEMM=aten: ATen's own fp32 matmul
+#                        kernels (OpenBLAS, bmm one product at a time) instead of src/ops/cpu_gemm
 #   + checkpointing      polytrain's default with every block recomputed in backward
 # "vs tuned" is tokens/s over tuned Python's (goal >= 1.2); "of GEMM peak" is the matmul FLOPs
 # per second against this machine's fp32 GEMM measured in the same run (bench/gemm_peak.h).
@@ -36,6 +38,7 @@ for ((round = 1; round <= ROUNDS; round++)); do
   run_side tuned env LD_PRELOAD="$TCMALLOC" $PY "$ROOT/bench/gpt2_step_torch.py" small "$STEPS" "$threads" "$BATCH" "$SEQ"
   run_side ours "$BUILD/bench_gpt2_step" small "$STEPS" 0 "$BATCH" "$SEQ"
   run_side dense "$BUILD/bench_gpt2_step" small "$STEPS" "$threads" "$BATCH" "$SEQ" dense
+  run_side atengemm env POLYTRAIN_GEMM=aten "$BUILD/bench_gpt2_step" small "$STEPS" 0 "$BATCH" "$SEQ"
 done
 run_side ckpt "$BUILD/bench_gpt2_step" small "$STEPS" 0 "$BATCH" "$SEQ" checkpoint
 printf "%-34s %8s %10s %9s %13s %12s\n" side threads tokens/s "vs tuned" "of GEMM peak" "peak RSS MB"
@@ -49,4 +52,5 @@ row "python shipped (dense logits)" shipped
 row "python tuned (dense logits)" tuned
 row "polytrain (fused LM loss)" ours
 row "polytrain, same math (dense)" dense
+row "polytrain, ATen's GEMM" atengemm
 row "polytrain + checkpointing" ckpt

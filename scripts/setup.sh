@@ -13,6 +13,7 @@ BUILD_TYPE="${BUILD_TYPE:-Release}"
 PACKAGES=(
   build-essential cmake git ca-certificates ccache pkg-config
   libtorch-dev libopenblas0-openmp      # libtorch; OpenBLAS replaces the reference BLAS (5x on a BERT step)
+  libdnnl-dev                           #   oneDNN's fp32 sgemm for the CPU's fp32 matmuls (libtorch's own oneDNN)
   nlohmann-json3-dev libcli11-dev       # config + flags (header-only)
   libpcre2-dev                          # GPT-2 BPE pre-tokenization (Unicode regex)
   libsentencepiece-dev sentencepiece    # SentencePiece tokenizer (T5/ALBERT): library + spm_train

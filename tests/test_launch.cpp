@@ -786,13 +786,14 @@ TEST(Threads, ASingleRunUsesEveryCpuAndLaunchedWorkersSplitThem) {
   auto r = run("env -u OMP_NUM_THREADS HOME='" + t.path.string() + "' " + POLYTRAIN_BINARY_DIR "/" + train,
                POLYTRAIN_SOURCE_DIR);
   ASSERT_EQ(r.code, 0) << r.out;
-  // The log's first line: threads, BLAS, allocator.
+  // The log's first line: threads, BLAS, the fp32 GEMM engine, allocator.
   const std::string first = r.out.substr(0, r.out.find('\n'));
   EXPECT_EQ(first.rfind("polytrain: threads " + std::to_string(cpus) + " (" + std::to_string(cpus) +
                             " CPUs / 1 local process) | BLAS ",
                         0),
             0u)
       << r.out;
+  EXPECT_NE(first.find(" | fp32 GEMM "), std::string::npos) << first;
   EXPECT_NE(first.find(" | allocator "), std::string::npos) << first;
   // Two launched workers: the launcher gives each its share (torchrun's OMP_NUM_THREADS).
   r = run("env -u OMP_NUM_THREADS " + env_prefix(t) + kLaunch + " --num_gpus 2 --slot_type cpu " + kProbe, t.path);

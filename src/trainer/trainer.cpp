@@ -29,6 +29,7 @@
 
 #include "polytrain/common/autocast.h"
 #include "polytrain/common/blas_kernel.h"
+#include "polytrain/ops/cpu_gemm.h"
 #include "polytrain/common/cpu_budget.h"
 #include "polytrain/common/dist_env.h"
 #include "polytrain/common/error.h"
@@ -170,9 +171,9 @@ Trainer::Trainer(Config cfg)
   }
   if (rank == 0) {
     const std::string kernel = blas_kernel_note();
-    std::printf("polytrain: threads %d (%s) | BLAS %s%s | allocator %s\n", at::get_num_threads(), thread_source.c_str(),
-                blas_description().c_str(), kernel.empty() ? "" : (" [kernel " + kernel + "]").c_str(),
-                allocator_description().c_str());
+    std::printf("polytrain: threads %d (%s) | BLAS %s%s | fp32 GEMM %s | allocator %s\n", at::get_num_threads(),
+                thread_source.c_str(), blas_description().c_str(), kernel.empty() ? "" : (" [kernel " + kernel + "]").c_str(),
+                cpu_gemm::describe().c_str(), allocator_description().c_str());
     std::fflush(stdout);
   }
 }
