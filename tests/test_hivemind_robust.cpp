@@ -187,9 +187,9 @@ TEST(Caps, ConfigRefusesABandwidthBeyondTheCapAndUnknownAggregations) {
   EXPECT_EQ(parse(R"("bandwidth": 4)").hivemind.aggregation, "mean");
 }
 
-// A per-sender bound (what its progress claimed) leaves out a weight that the round's bound
-// allows.
-TEST(Caps, AWeightAboveTheSendersOwnBoundIsLeftOut) {
+// A per-sender bound (what its signed progress claimed) cuts a weight that the round's bound
+// allows down to it: the contribution counts, with the weight the sender signed for.
+TEST(Caps, AWeightAboveTheSendersOwnBoundIsClampedToIt) {
   const size_t n = 1'000;
   std::vector<std::unique_ptr<Peer>> peers;
   for (int i = 0; i < 2; ++i) peers.push_back(std::make_unique<Peer>(false));
@@ -208,8 +208,9 @@ TEST(Caps, AWeightAboveTheSendersOwnBoundIsLeftOut) {
   r[0] = peers[0]->averager.allreduce(g, v[0].data(), n, w[0], o);
   t.join();
   for (int i = 0; i < 2; ++i) {
-    EXPECT_EQ(r[i].rejected_senders, std::vector<std::string>{"peer1"}) << r[i].warning();
-    for (size_t k = 0; k < n; ++k) ASSERT_EQ(v[i][k], 1.0f) << "peer " << i;  // peer0's values alone
+    EXPECT_TRUE(r[i].rejected_senders.empty()) << r[i].warning();
+    EXPECT_EQ(r[i].clamped_senders, std::vector<std::string>{"peer1"}) << r[i].warning();
+    for (size_t k = 0; k < n; ++k) ASSERT_EQ(v[i][k], 2.0f) << "peer " << i;  // (8 x 1 + 8 x 3) / 16, not 64's 2.78
   }
 }
 

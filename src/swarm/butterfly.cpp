@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "polytrain/common/error.h"
+#include "polytrain/swarm/group_auth.h"
 
 namespace polytrain::hivemind {
 namespace {
@@ -77,7 +78,7 @@ void weighted_mean(float* __restrict mine, size_t n, double w0, const std::vecto
 
 std::string AllReduceReport::warning() const {
   if (failed_reducers.empty() && excluded_senders.empty() && rejected_senders.empty() && clipped_senders.empty() &&
-      banned_members.empty() && newly_banned.empty())
+      clamped_senders.empty() && unsigned_hellos == 0 && banned_members.empty() && newly_banned.empty())
     return "";
   std::ostringstream os;
   if (!failed_reducers.empty()) {
@@ -99,6 +100,10 @@ std::string AllReduceReport::warning() const {
     for (const auto& id : ids) os << ' ' << id;
   };
   names("clipped by more than half its norm (centered_clip)", clipped_senders);
+  names("weight cut to its signed progress", clamped_senders);
+  if (unsigned_hellos > 0)
+    os << (os.tellp() > 0 ? "; " : "averaging: ") << unsigned_hellos
+       << " stream(s) refused: not signed by the member whose index they claimed";
   names("banned earlier, left out", banned_members);
   names("banned from later groups after repeated offences", newly_banned);
   return os.str();
@@ -145,6 +150,9 @@ struct Averager::Round {
   };
   std::string group_id;
   size_t self = 0, members = 0, len = 0, chunk = 0;
+  /// The members' peer ids, when hellos must be signed by the member whose index they claim.
+  std::vector<std::string> signers;
+  size_t unsigned_hellos = 0;  // refused for a missing or wrong signature
   Compression compression = Compression::kNone;
   /// AllReduceOptions::same_result: the average's compressed chunks, encoded once by the owner;
   /// every stream sends these bytes and the owner's part holds their decoded values.
@@ -187,6 +195,8 @@ void Averager::handle(Connection& c, const Frame& hello) {
   const uint32_t comp = rd.u32();
   const double weight = rd.f64();
   const uint64_t chunk = rd.u64();
+  const std::string_view signed_part = std::string_view(hello.payload).substr(0, hello.payload.size() - rd.rest().size());
+  const std::string signature = rd.done() ? std::string() : rd.str(64);
   auto refuse = [&](const std::string& why) {
     try {
       c.send(kMsgRefuse, why, after(std::chrono::milliseconds(1000)));
@@ -197,6 +207,16 @@ void Averager::handle(Connection& c, const Frame& hello) {
   auto round = wait_for_round(group_id, after(std::chrono::milliseconds(5000)));
   if (!round) return refuse("no averaging round " + group_id + " here");
   Round& r = *round;
+  // Before the sender's slot is looked at: a stream that cannot sign for the index it claims
+  // takes no slot, so the member that owns the index still gets it.
+  if (!r.signers.empty() && (sender >= r.signers.size() || !rd.done() ||
+                             !hello_signed_by(r.signers[sender], r.signers[r.self], signed_part, signature))) {
+    {
+      std::lock_guard<std::mutex> lock(r.mu);
+      ++r.unsigned_hellos;
+    }
+    return refuse("hello not signed by the member whose index it claims");
+  }
   if (part != r.self || len != r.len || comp != hello_compression(r.compression, r.same_result) || chunk != r.chunk ||
       !(weight >= 0.0 && weight < 1e15) || len > kMaxElements)  // the reducer checks the weight's real bound
     return refuse("hello does not match the round (part, length, compression, chunk or weight)");
@@ -333,6 +353,7 @@ void send_part(Connection& c, const AllReduceCall& p, size_t j) {
   put_u32(hello, hello_compression(o.compression, o.same_result));
   put_f64(hello, p.weight);
   put_u64(hello, o.chunk_elements);
+  if (g.identity) put_str(hello, sign_hello(*g.identity, g.members[j].peer_id, hello));
   c.send(kMsgAllReduceHello, hello, earliest(after(o.next_chunk_timeout), deadline));
   const size_t n_chunks = chunks_of(len, o.chunk_elements);
   std::string payload;
@@ -402,12 +423,21 @@ void stream_part(const AllReduceCall& p, size_t j, Outgoing& out) {
 }
 
 // Whether a contribution may enter a part: every value finite, and a weight (a count of
-// samples) within the round's bound (a step's samples are bounded by the swarm's target batch)
-// and within what the sender itself claimed, where the caller knows it.
-bool acceptable(const AllReduceOptions& o, const std::string& peer, double w, const float* v, size_t n) {
-  if (!(w <= o.max_weight)) return false;
-  if (o.sender_max_weight && !(w <= o.sender_max_weight(peer))) return false;
-  return all_finite(v, n);
+// samples) within the round's bound (a step's samples are bounded by the swarm's target batch).
+bool acceptable(const AllReduceOptions& o, double w, const float* v, size_t n) {
+  return w <= o.max_weight && all_finite(v, n);
+}
+
+// A weight cut to what the sender's signed progress says it accumulated (where the caller knows
+// it); names the sender when it was cut. Clamped rather than left out: a reducer reads those
+// records a little late, so an honest sender's last micro-batch may be missing from them, and
+// its work should not be lost (nor counted as an offence) for that.
+double bounded_weight(const AllReduceOptions& o, const std::string& peer, double w, AllReduceReport* report) {
+  if (!o.sender_max_weight) return w;
+  const double bound = o.sender_max_weight(peer);
+  if (!(w > bound)) return w;
+  report->clamped_senders.push_back(peer);
+  return std::max(bound, 0.0);
 }
 
 /// The contributions a reducer combines: this peer's own part first (if it counts), then the
@@ -434,9 +464,9 @@ PartInputs gather_inputs(Averager::Round& r, const AllReduceCall& p, Offences& o
   // own too): one member's NaN or 1e15 samples no longer reach the whole group. An auxiliary
   // peer's own values are not a contribution: they are never read.
   const bool auxiliary = g.members[g.self].auxiliary;
-  pi.self_in = !auxiliary && acceptable(p.o, g.members[g.self].peer_id, p.weight, p.data + p.offsets[g.self], r.len);
+  pi.self_in = !auxiliary && acceptable(p.o, p.weight, p.data + p.offsets[g.self], r.len);
   if (!auxiliary && !pi.self_in) report->rejected_senders.push_back(g.members[g.self].peer_id);
-  pi.self_weight = pi.self_in ? p.weight : 0.0;
+  pi.self_weight = pi.self_in ? bounded_weight(p.o, g.members[g.self].peer_id, p.weight, report) : 0.0;
   pi.total = pi.self_weight;
   for (auto& [i, s] : r.senders) {
     const std::string& id = g.members[i].peer_id;
@@ -445,13 +475,14 @@ PartInputs gather_inputs(Averager::Round& r, const AllReduceCall& p, Offences& o
       continue;
     }
     ++pi.delivered;
-    if (!acceptable(p.o, id, s.weight, s.values.get(), r.len)) {
+    if (!acceptable(p.o, s.weight, s.values.get(), r.len)) {
       report->rejected_senders.push_back(id);  // still gets the average back
       count_offence(offences, id, report);
       continue;
     }
-    pi.total += s.weight;
-    pi.in.emplace_back(s.weight, s.values.get());
+    const double w = bounded_weight(p.o, id, s.weight, report);
+    pi.total += w;
+    pi.in.emplace_back(w, s.values.get());
     pi.members.push_back(i);
   }
   return pi;
@@ -557,6 +588,8 @@ std::shared_ptr<Averager::Round> Averager::register_round(const Group& g, size_t
   round->deadline = deadline;
   round->first_contact = earliest(t0 + o.next_chunk_timeout, deadline);
   round->next_chunk = o.next_chunk_timeout;
+  if (g.identity)
+    for (const auto& m : g.members) round->signers.push_back(m.peer_id);
   for (size_t i = 0; i < g.members.size(); ++i)
     // An auxiliary member sends nothing; a banned one is not waited for (its hello is refused).
     if (i != g.self && !g.members[i].auxiliary && !offences_.banned(g.members[i].peer_id)) round->senders[i];
@@ -615,6 +648,7 @@ AllReduceReport Averager::allreduce(const Group& g, float* data, size_t n, doubl
     release_round(g.group_id, *round);
     std::lock_guard<std::mutex> lock(round->mu);  // the bytes of serving this peer's own part
     report.bytes_sent += round->served_sent, report.bytes_received += round->served_received;
+    report.unsigned_hellos = round->unsigned_hellos;
   }
   report.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return report;

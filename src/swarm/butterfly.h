@@ -16,7 +16,8 @@
 //  - the round ends by allreduce_timeout whatever happens.
 // Without compression the reducer sends the average itself, so every member ends with the
 // same bits; with compression it sends average minus what it received (hivemind's deltas),
-// so quantisation error does not accumulate in the weights.
+// so quantisation error does not accumulate in the weights. In a group from matchmaking each
+// stream's hello is signed by its sender and checked by the reducer (group_auth.h).
 #pragma once
 
 #include <chrono>
@@ -37,6 +38,8 @@
 
 namespace polytrain::hivemind {
 
+class Identity;
+
 /// Frame types of the averaging protocol.
 enum : uint8_t { kMsgAllReduceHello = 10, kMsgChunk = 11, kMsgResult = 12, kMsgRefuse = 13 };
 
@@ -47,6 +50,9 @@ struct Member {
   /// Reduces its part, sends nothing and is averaged into nothing (hivemind's AUX mode); it
   /// accepts streams (an address and a bandwidth > 0).
   bool auxiliary = false;
+  /// Its signed request to join the leader (group_auth.h), carried in the leader's list so that
+  /// every follower can check the entry; empty for the leader and in groups built by hand.
+  std::string join;
 };
 
 /// The same on every member (the leader's order).
@@ -54,6 +60,11 @@ struct Group {
   std::string group_id;
   std::vector<Member> members;
   size_t self = 0;  ///< this peer's index in members
+  /// This peer's key when the group came from matchmaking (members' peer ids are then their
+  /// verified public keys): its hellos are signed with it, and a stream to its part is taken only
+  /// with the signature of the member whose index it claims (group_auth.h). Null (groups built by
+  /// hand): hellos are neither signed nor checked.
+  std::shared_ptr<const Identity> identity;
 };
 
 struct AllReduceOptions {
@@ -65,8 +76,10 @@ struct AllReduceOptions {
   /// non-finite values do: one member cannot outweigh the group (the samples of a step are
   /// bounded by the swarm's target batch).
   double max_weight = std::numeric_limits<double>::infinity();
-  /// A tighter bound per sender (peer id -> the most samples it can have behind this round,
-  /// e.g. what its signed progress records claimed); empty: max_weight alone.
+  /// A tighter bound per sender (peer id -> the most samples it can have behind this round: what
+  /// its signed progress records claimed, progress.h's SignedWeights); empty: max_weight alone.
+  /// A contribution whose weight is above it counts with this weight instead (clamped, not left
+  /// out: the bound is read from records that may lag the sender's last micro-batch).
   std::function<double(const std::string&)> sender_max_weight;
   /// How the reducer combines its part's contributions (hivemind.aggregation): the weighted
   /// mean, or CenteredClip with this tau and at most this many iterations (robust.h).
@@ -97,6 +110,10 @@ struct AllReduceReport {
   std::vector<std::string> rejected_senders;
   /// Contributions to this peer's own part that CenteredClip scaled by less than one half.
   std::vector<std::string> clipped_senders;
+  /// Contributions to this peer's own part whose weight was cut to sender_max_weight.
+  std::vector<std::string> clamped_senders;
+  /// Streams refused because their hello was not signed by the member whose index it claimed.
+  size_t unsigned_hellos = 0;
   /// Members banned earlier (Offences): left out of this peer's part, and not sent parts to.
   std::vector<std::string> banned_members;
   /// Members this round's offences banned for the rest of the run.

@@ -2,38 +2,26 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <set>
 #include <tuple>
 
 #include "polytrain/common/error.h"
 #include "polytrain/swarm/dht.h"
+#include "polytrain/swarm/group_auth.h"
 #include "polytrain/swarm/record.h"
 
 namespace polytrain::hivemind {
 namespace {
 
 constexpr size_t kMaxId = 128, kMaxKey = 256, kMaxAddress = 256, kMaxMembers = 4096;
-const std::string kJoinDomain = "polytrain/hivemind/join";
+constexpr size_t kMaxJoin = 1024;  ///< a signed join (group_auth.h): its fields' limits and a signature
+// Leaders whose lists did not verify, remembered for the run (never joined again) up to this many.
+constexpr size_t kMaxForgers = 1024;
 
 // A Unix-ms time as a steady-clock deadline.
 Deadline steady_at(int64_t unix_time_ms) {
   return Clock::now() + std::chrono::milliseconds(unix_time_ms - unix_ms());
-}
-
-bool parse_peer_id(const std::string& hex, PublicKey& out) {
-  if (hex.size() != 64) return false;
-  for (size_t i = 0; i < 32; ++i) {
-    unsigned v = 0;
-    for (int k = 0; k < 2; ++k) {
-      const char c = hex[2 * i + k];
-      v <<= 4;
-      if (c >= '0' && c <= '9') v |= c - '0';
-      else if (c >= 'a' && c <= 'f') v |= c - 'a' + 10;
-      else return false;
-    }
-    out[i] = static_cast<uint8_t>(v);
-  }
-  return true;
 }
 
 // (expiration, peer id): the order that picks leaders.
@@ -89,6 +77,7 @@ std::string encode_group(const Group& g) {
     put_str(s, m.address);
     put_f64(s, m.bandwidth);
     put_u32(s, m.auxiliary ? 1 : 0);
+    put_str(s, m.join);
   }
   return s;
 }
@@ -109,6 +98,7 @@ std::optional<Group> decode_group(const std::string& payload, const std::string&
       m.bandwidth = std::min(rd.f64(), kMaxDeclaredBandwidth);  // the same clamp on every member
       const uint32_t aux = rd.u32();
       m.auxiliary = aux == 1;
+      m.join = rd.str(kMaxJoin);
       if (!ids.insert(m.peer_id).second || !std::isfinite(m.bandwidth) || m.bandwidth < 0 || aux > 1 ||
           (m.auxiliary && (m.address.empty() || !(m.bandwidth > 0))))
         return std::nullopt;
@@ -175,10 +165,11 @@ void Matchmaker::disband_locked(const std::string& suggested) {
 Group Matchmaker::begin_locked() {
   Group g;
   g.group_id = id_->peer_id().substr(0, 16) + "/" + key_ + "/" + std::to_string(next_counter(0));
-  g.members.push_back(Member{id_->peer_id(), address_, bandwidth_, auxiliary_});
+  g.members.push_back(Member{id_->peer_id(), address_, bandwidth_, auxiliary_, {}});
   for (const auto& f : followers_) g.members.push_back(f->member);
   g.self = 0;
-  const std::string bytes = encode_group(g);
+  g.identity = id_;
+  const std::string bytes = seal_group(g, *id_);
   for (auto& f : followers_) f->done = true, f->begun = true, f->payload = bytes;
   followers_.clear();
   looking_ = false;
@@ -199,26 +190,11 @@ void Matchmaker::serve_join(Connection& c, const Frame& f) {
   int64_t expiration = 0;
   try {
     std::string key;
-    bool valid = false;
-    try {
-      Reader rd(f.payload);
-      key = rd.str(kMaxKey);
-      m.peer_id = rd.str(kMaxId);
-      m.address = rd.str(kMaxAddress);
-      m.bandwidth = rd.f64();
-      const uint32_t aux = rd.u32();
-      m.auxiliary = aux == 1;
-      expiration = static_cast<int64_t>(rd.u64());
-      const std::string leader = rd.str(kMaxId);
-      const size_t signed_bytes = f.payload.size() - rd.rest().size();
-      const std::string sig = rd.str(64);
-      PublicKey owner{};
-      // An auxiliary peer reduces a part: it must accept streams and declare a bandwidth.
-      valid = rd.done() && parse_peer_id(m.peer_id, owner) && leader == id_->peer_id() && std::isfinite(m.bandwidth) &&
-              m.bandwidth >= 0 && aux <= 1 && (!m.auxiliary || (!m.address.empty() && m.bandwidth > 0)) &&
-              verify_signature(owner, kJoinDomain + f.payload.substr(0, signed_bytes), sig);
-    } catch (const NetError&) {
-      valid = false;  // truncated or oversized fields
+    const auto join = f.payload.size() <= kMaxJoin ? open_join(f.payload) : std::nullopt;
+    bool valid = join && join->leader == id_->peer_id();
+    if (valid) {
+      key = join->key, m = join->member, expiration = join->expiration_ms;
+      m.join = f.payload;  // the leader's list carries it, for every follower to check
     }
     // Clamped after the signature check (which covers the declared value): one member's 1e300
     // would otherwise dominate every sum of bandwidths the group computes.
@@ -292,21 +268,15 @@ std::optional<Group> Matchmaker::try_join(const Declaration& leader, const Match
   suggested->clear();
   try {
     auto conn = Connection::connect(leader.address, std::min(deadline, after(o.request_timeout)));
-    std::string req;
-    put_str(req, o.key);
-    put_str(req, id_->peer_id());
-    put_str(req, address_);
-    put_f64(req, bandwidth_);
-    put_u32(req, auxiliary_ ? 1 : 0);
-    int64_t my_expiration;
+    Join join;
+    join.key = o.key;
+    join.member = Member{id_->peer_id(), address_, bandwidth_, auxiliary_, {}};
+    join.leader = leader.peer_id;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      my_expiration = expiration_ms_;
+      join.expiration_ms = expiration_ms_;
     }
-    put_u64(req, static_cast<uint64_t>(my_expiration));
-    put_str(req, leader.peer_id);
-    const std::string sig = id_->sign(kJoinDomain + req);
-    put_str(req, sig);
+    const std::string req = seal_join(join, *id_);
     conn->send(kMsgJoin, req, std::min(deadline, after(o.request_timeout)));
     const Frame r = conn->receive(std::min(deadline, after(o.request_timeout)), 4096);
     if (r.type != kMsgJoinReply) return std::nullopt;
@@ -326,22 +296,45 @@ std::optional<Group> Matchmaker::try_join(const Declaration& leader, const Match
         mm->leader_.clear();
       }
     } unfollow{this};
+    const size_t max_members = std::min(std::max<size_t>(o.target_group_size, 2), kMaxMembers);
     const Frame outcome =
         conn->receive(std::min(deadline, steady_at(leader.expiration_ms) + o.request_timeout + std::chrono::milliseconds(1000)),
-                      kMaxMembers * (kMaxId + kMaxAddress + 24) + kMaxKey);
-    if (outcome.type == kMsgBegin) {
-      auto g = decode_group(outcome.payload, id_->peer_id());
-      if (g) {
-        std::lock_guard<std::mutex> lock(mu_);
-        looking_ = false;
-      }
-      return g;
-    }
+                      max_sealed_group_bytes(max_members) + 64);
+    if (outcome.type == kMsgBegin) return begin_as_follower(leader, o, outcome.payload, max_members);
     if (outcome.type == kMsgDisband && outcome.payload.size() <= kMaxId) *suggested = outcome.payload;
     return std::nullopt;
   } catch (const NetError&) {
     return std::nullopt;
   }
+}
+
+std::optional<Group> Matchmaker::begin_as_follower(const Declaration& leader, const MatchmakingOptions& o,
+                                                  const std::string& sealed, size_t max_members) {
+  auto opened = open_group(sealed, LeaderView{leader.peer_id, leader.address, leader.bandwidth}, o.key, id_->peer_id(),
+                           max_members);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!opened.group) {
+    // A list that does not verify is a leader lying about its group (or a broken one): this
+    // round goes on without it, and it is never followed again.
+    ++forged_lists_;
+    if (forgers_.size() < kMaxForgers) forgers_.insert(leader.peer_id);
+    std::fprintf(stderr, "hivemind: the group list of leader %s for %s does not verify (%s): refused, looking for another group\n",
+                 leader.peer_id.substr(0, 16).c_str(), o.key.c_str(), opened.why.c_str());
+    return std::nullopt;
+  }
+  looking_ = false;
+  opened.group->identity = id_;
+  return opened.group;
+}
+
+uint64_t Matchmaker::forged_lists() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return forged_lists_;
+}
+
+bool Matchmaker::is_forger(const std::string& peer_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return forgers_.count(peer_id) > 0;
 }
 
 std::optional<Group> Matchmaker::find_group(const MatchmakingOptions& o, const std::function<size_t()>& expected,
@@ -428,7 +421,7 @@ std::optional<Group> Matchmaker::find_group(const MatchmakingOptions& o, const s
       if (d->peer_id == id_->peer_id() || d->expiration_ms <= now_ms) continue;
       if (!client && !earlier(d->expiration_ms, d->peer_id, my_exp, id_->peer_id())) continue;
       if (tried.count(d->peer_id) && d->peer_id != next_leader) continue;
-      if (is_banned(d->peer_id)) continue;  // never follow a peer banned for poisoning
+      if (is_banned(d->peer_id) || is_forger(d->peer_id)) continue;  // never follow a poisoner or a forger
       candidates.push_back(*d);
     }
     std::sort(candidates.begin(), candidates.end(), [](const Declaration& a, const Declaration& b) {

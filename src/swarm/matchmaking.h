@@ -16,7 +16,9 @@
 // its join request and the group say it is one, so the others send it nothing but its part.
 //
 // Join requests are signed with the requester's Ed25519 key (its peer id is that key), over
-// the leader's id and the round's key, so nobody joins under another peer's name.
+// the leader's id and the round's key, so nobody joins under another peer's name. The leader's
+// list carries each follower's join and is signed by the leader; a follower takes it only when
+// it verifies (group_auth.h), and never follows a leader whose list did not again.
 #pragma once
 
 #include <chrono>
@@ -26,6 +28,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -98,6 +101,8 @@ class Matchmaker {
 
   /// Join requests refused so far, by code (tests, logs).
   uint64_t refused(JoinCode c) const;
+  /// Group lists refused so far because they did not verify (group_auth.h's open_group).
+  uint64_t forged_lists() const;
 
  private:
   struct Follower;
@@ -107,6 +112,11 @@ class Matchmaker {
   void disband_locked(const std::string& suggested);
   Group begin_locked();
   bool is_banned(const std::string& peer_id) const;
+  bool is_forger(const std::string& peer_id) const;
+  /// The group in the leader's sealed list when it verifies; otherwise nothing, and the leader is
+  /// never followed again.
+  std::optional<Group> begin_as_follower(const Declaration& leader, const MatchmakingOptions& o, const std::string& sealed,
+                                         size_t max_members);
 
   DhtNode& dht_;
   std::shared_ptr<const Identity> id_;
@@ -127,9 +137,12 @@ class Matchmaker {
   bool stopping_ = false;
   size_t serving_ = 0;  ///< join streams being served (the destructor waits for them)
   std::function<bool(const std::string&)> banned_;
+  uint64_t forged_lists_ = 0;
+  std::set<std::string> forgers_;
 };
 
-/// Group <-> bytes (the leader's kMsgBegin payload).
+/// Group <-> bytes: the body of the leader's kMsgBegin payload (group_auth.h signs it); no
+/// signature is checked here.
 std::string encode_group(const Group& g);
 /// InputError-free: nullopt when malformed or when `self_id` is not a member.
 std::optional<Group> decode_group(const std::string& payload, const std::string& self_id);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <functional>
 #include <msgpack.hpp>
 
@@ -73,6 +74,31 @@ double robust_throughput(std::vector<double> samples_per_second) {
   double sum = 0.0;
   for (double s : samples_per_second) sum += std::min(s, cap);
   return sum;
+}
+
+SignedWeights::SignedWeights(const std::vector<PeerProgress>& records, int64_t epoch)
+    : typical_(std::numeric_limits<double>::infinity()) {
+  std::vector<double> claims;
+  for (const auto& p : records) {
+    const double samples = static_cast<double>(p.samples_accumulated) + static_cast<double>(p.samples_in_flight);
+    if (p.epoch != epoch || p.auxiliary || !(samples > 0)) continue;
+    claimed_[p.peer_id] = samples;
+    claims.push_back(samples);
+  }
+  if (claims.empty()) return;
+  const size_t mid = (claims.size() - 1) / 2;
+  std::nth_element(claims.begin(), claims.begin() + mid, claims.end());
+  typical_ = claims[mid];
+  for (auto& [id, c] : claimed_) c = std::min(c, kMaxThroughputRatio * typical_);
+}
+
+double SignedWeights::bound(const std::string& peer_id) const {
+  const auto it = claimed_.find(peer_id);
+  return it == claimed_.end() ? typical_ : it->second;
+}
+
+std::function<double(const std::string&)> SignedWeights::as_function() const {
+  return [w = *this](const std::string& peer_id) { return w.bound(peer_id); };
 }
 
 EpochBaseline advance_baseline(const EpochBaseline& base, const GlobalProgress& g, double now, bool self_trained) {
@@ -243,6 +269,15 @@ bool ProgressTracker::publish_now() {
   }
   return dht_.store(o_.key, "progress", encode_progress(p),
                     std::chrono::milliseconds(static_cast<int64_t>(o_.expiration * 1000)), std::chrono::seconds(3));
+}
+
+SignedWeights ProgressTracker::signed_weights(int64_t epoch) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<PeerProgress> records = global_.others;
+  PeerProgress self = local_;
+  self.peer_id = to_hex(dht_.identity().public_key());
+  records.push_back(self);
+  return SignedWeights(records, epoch);
 }
 
 GlobalProgress ProgressTracker::fetch_and_aggregate() {

@@ -27,6 +27,8 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -109,6 +111,24 @@ GlobalProgress aggregate_progress(const std::vector<PeerProgress>& others, const
 /// swarm), moved when the vouched epoch moves.
 EpochBaseline advance_baseline(const EpochBaseline& base, const GlobalProgress& g, double now, bool self_trained);
 
+/// The most samples each member may bring to an averaging round of `epoch` (its weight), read
+/// from signed progress records: what a peer's record at that epoch says it accumulated (plus in
+/// flight), and at most kMaxThroughputRatio x the lower median of those claims, so one inflated
+/// record outweighs the others by little. A peer without such a record (none, another epoch, or no
+/// samples) gets that lower median: hiding its record gains it nothing. No record at all: no bound.
+/// A round clamps a larger weight to it (butterfly.h's sender_max_weight).
+class SignedWeights {
+ public:
+  SignedWeights(const std::vector<PeerProgress>& records, int64_t epoch);
+  double bound(const std::string& peer_id) const;
+  /// For AllReduceOptions::sender_max_weight (a copy: it outlives this object).
+  std::function<double(const std::string&)> as_function() const;
+
+ private:
+  std::map<std::string, double> claimed_;  // capped
+  double typical_;
+};
+
 /// hivemind's ready_to_update_epoch, counting samples in flight as accumulated.
 bool ready_to_update_epoch(const GlobalProgress& g, int64_t local_epoch, double now);
 
@@ -149,6 +169,9 @@ class ProgressTracker {
   double samples_per_second() const;
   /// Publishes now and waits for it (tests, shutdown).
   bool publish_now();
+  /// The weight bounds of a round of `epoch` from the last aggregated view and this peer's own
+  /// count (see SignedWeights).
+  SignedWeights signed_weights(int64_t epoch) const;
 
  private:
   void loop();

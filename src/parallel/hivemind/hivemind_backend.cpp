@@ -516,8 +516,8 @@ size_t HivemindBackend::allreduce_flat(int64_t n, bool grads, const void* group_
                                        const std::string& what) {
   const auto& group = *static_cast<const hm::Group*>(group_ptr);
   if (grads && poison_factor() != 1.0) flat_.narrow(0, 0, n).mul_(poison_factor());
-  const auto report =
-      averager_->allreduce(group, flat_.data_ptr<float>(), static_cast<size_t>(n), weight, allreduce_options(grads, round_end));
+  const auto report = averager_->allreduce(group, flat_.data_ptr<float>(), static_cast<size_t>(n), weight,
+                                           allreduce_options(grads, round_end, epoch));
   sent_bytes_ += static_cast<int64_t>(report.bytes_sent);
   received_bytes_ += static_cast<int64_t>(report.bytes_received);
   const std::string warning = report.warning();
@@ -566,7 +566,8 @@ void HivemindBackend::keep_own_where_implausible(const std::vector<at::Tensor>& 
   }
 }
 
-hm::AllReduceOptions HivemindBackend::allreduce_options(bool grads, std::chrono::steady_clock::time_point round_end) const {
+hm::AllReduceOptions HivemindBackend::allreduce_options(bool grads, std::chrono::steady_clock::time_point round_end,
+                                                        int64_t epoch) const {
   hm::AllReduceOptions o;
   o.compression = hm::parse_compression(h_.compression);
   const auto left = std::chrono::duration_cast<milliseconds>(round_end - std::chrono::steady_clock::now());
@@ -581,6 +582,8 @@ hm::AllReduceOptions HivemindBackend::allreduce_options(bool grads, std::chrono:
     o.aggregation = hm::parse_aggregation(h_.aggregation);
     o.centered_clip_tau = h_.centered_clip_tau;
     o.centered_clip_iterations = static_cast<int>(h_.centered_clip_iterations);
+    // A member's weight is at most what its own signed progress claims at this epoch.
+    if (tracker_) o.sender_max_weight = tracker_->signed_weights(epoch).as_function();
   }
   return o;
 }
@@ -851,7 +854,7 @@ bool HivemindBackend::assist_round(const void* group_ptr, size_t n, bool grads,
                                    const std::string& what) {
   const auto& group = *static_cast<const hm::Group*>(group_ptr);
   // Nothing of this peer's goes in: flat_ only holds its part of the others' vectors.
-  const auto report = averager_->allreduce(group, flat_.data_ptr<float>(), n, 0.0, allreduce_options(grads, round_end));
+  const auto report = averager_->allreduce(group, flat_.data_ptr<float>(), n, 0.0, allreduce_options(grads, round_end, epoch));
   sent_bytes_ += static_cast<int64_t>(report.bytes_sent);
   received_bytes_ += static_cast<int64_t>(report.bytes_received);
   const std::string warning = report.warning();

@@ -118,7 +118,8 @@ class HivemindBackend : public ReplicatedBackend {
   void keep_own_where_implausible(const std::vector<at::Tensor>& own, const void* group, size_t n, int64_t epoch,
                                   const std::string& what);
   /// Timeouts and bounds of a gradient (`grads`) or state round ending by `round_end`.
-  hivemind::AllReduceOptions allreduce_options(bool grads, std::chrono::steady_clock::time_point round_end) const;
+  hivemind::AllReduceOptions allreduce_options(bool grads, std::chrono::steady_clock::time_point round_end,
+                                               int64_t epoch) const;
   /// An auxiliary peer's share of one round: reduces its part of `n` elements (nothing of its
   /// own goes in) and says so in one line; false when it reduced nothing.
   bool assist_round(const void* group, size_t n, bool grads, std::chrono::steady_clock::time_point round_end,
