@@ -2,7 +2,7 @@
 // polytrain's BertForMaskedLM on a fixed random batch, the same model, batch and threads as
 // bert_step_torch.py. Usage: bench_bert_step tiny|base STEPS THREADS [MODE]   (THREADS 0:
 // polytrain's default, all the CPUs this process may use); bench_bert_step gemm 0 THREADS:
-// this machine's fp32 GEMM rate; bench_bert_step peaks 0 THREADS: the CPU, the BLAS kernel, the
+// this machine's fp32 GEMM rate (gpt2_matmuls: over GPT-2 124M's matmuls); bench_bert_step peaks 0 THREADS: the CPU, the BLAS kernel, the
 // fp32 and bf16 GEMM rates and the cores' fp32 FMA and AMX bf16 peaks (bench/gemm_peak.h).
 // bench_bert_step cpu 0 0: the CPU and BLAS lines the benchmark scripts print beside their figures.
 // MODE: default (the model's defaults, what train_bert runs: the MLM head only at masked
@@ -31,6 +31,7 @@
 #include "polytrain/common/cpu_budget.h"
 #include "polytrain/models/bert.h"
 #include "polytrain/models/cpu_dropout.h"
+#include "polytrain/ops/cpu_gemm.h"
 #include "polytrain/parallel/update.h"
 #include "polytrain/optim/optimizers.h"
 
@@ -49,9 +50,15 @@ int main(int argc, char** argv) {
     std::printf("gemm_gflops %.1f\n", bench::gemm_gflops());
     return 0;
   }
+  if (size == "gpt2_matmuls") {  // bench/blas_kernels.sh: the engine's rate on GPT-2 124M's matmuls
+    std::printf("gemm_gflops %.1f\n", bench::gpt2_matmul_gflops());
+    return 0;
+  }
   if (size == "cpu" || size == "peaks") {  // what the benchmark scripts print beside their figures
     std::printf("cpu %s | %s\n", describe_cpu(host_cpu_features()).c_str(), host_cpu_features().model_name.c_str());
     std::printf("blas %s [kernel %s]\n", blas_description().c_str(), blas_kernel_note().c_str());
+    const auto e = cpu_gemm::engine();
+    std::printf("gemm_engine %s\n", e == cpu_gemm::Engine::kOneDnn ? "onednn" : e == cpu_gemm::Engine::kBlas ? "blas" : "aten");
   }
   if (size == "cpu") return 0;
   if (size == "peaks") {  // bench/blas_kernels.sh: GEMM rates against the cores' arithmetic peaks

@@ -11,9 +11,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <array>
 #include <chrono>
 #include <string>
 #include <thread>
+#include <vector>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -29,6 +31,44 @@ inline double gemm_gflops(int64_t n = 1024, int batches = 5, int reps = 8, at::S
     for (int i = 0; i < reps; ++i) at::mm_out(c, a, b);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     best = std::max(best, 2.0 * n * n * n * reps / s / 1e9);
+  }
+  return best;
+}
+
+// The matmuls of one GPT-2 124M forward + backward at batch 4 x 256 (1024 tokens), each in the
+// orientation the model and autograd hand it (C = A B with A or B transposed in memory): the
+// four Conv1D layers' forward, input and weight gradients, one 8192-row block of the tied LM
+// head (the fused loss's chunk), and the attention products (48 heads x 256 x 256 x 64) as bmm.
+// Runs on whatever engine at::mm / at::bmm reach (src/ops/cpu_gemm). Returns GFLOP/s over the set.
+inline double gpt2_matmul_gflops(int reps = 3) {
+  struct Mm { int64_t m, n, k; bool ta, tb; };
+  const int64_t t = 1024, v = 8192;
+  const Mm mms[] = {{t, 2304, 768, 0, 0}, {t, 768, 2304, 0, 1}, {768, 2304, t, 1, 0}, {t, 768, 768, 0, 0},
+                    {t, 768, 768, 0, 1},  {768, 768, t, 1, 0},  {t, 3072, 768, 0, 0}, {t, 768, 3072, 0, 1},
+                    {768, 3072, t, 1, 0}, {t, 768, 3072, 0, 0}, {t, 3072, 768, 0, 1}, {3072, 768, t, 1, 0},
+                    {t, v, 768, 0, 1},    {t, 768, v, 0, 0},    {v, 768, t, 1, 0}};
+  std::vector<std::array<at::Tensor, 3>> ops;
+  double flop = 0;
+  for (const auto& m : mms) {
+    auto a = m.ta ? at::randn({m.k, m.m}).t() : at::randn({m.m, m.k});
+    auto b = m.tb ? at::randn({m.n, m.k}).t() : at::randn({m.k, m.n});
+    ops.push_back({a, b, at::empty({m.m, m.n})});
+    flop += 2.0 * m.m * m.n * m.k;
+  }
+  const int64_t heads = 48, l = 256, d = 64;
+  auto q = at::randn({heads, l, d}), k = at::randn({heads, l, d}), s = at::empty({heads, l, l}), o = at::empty({heads, l, d});
+  auto run = [&] {
+    for (auto& op : ops) at::mm_out(op[2], op[0], op[1]);
+    at::bmm_out(s, q, k.transpose(1, 2));  // scores
+    at::bmm_out(o, s, k);                  // context
+  };
+  flop += 2 * 2.0 * heads * l * l * d;
+  run();  // warm-up: pages, JIT kernels, threads
+  double best = 0;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    run();
+    best = std::max(best, flop / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 1e9);
   }
   return best;
 }

@@ -7,7 +7,9 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <limits>
+#include <sstream>
 #include <string>
 
 #include <ATen/Parallel.h>
@@ -67,11 +69,37 @@ const char* kLayouts[] = {"n", "t", "block", "tblock", "strided"};
 
 }  // namespace
 
-TEST(CpuGemmEngine, DefaultFollowsTheCpuAndTheBuild) {
-  if (std::getenv("POLYTRAIN_GEMM")) GTEST_SKIP() << "POLYTRAIN_GEMM is set in this environment";
-  const Engine want = cpu_gemm::have_onednn() && host_cpu_features().avx512 ? Engine::kOneDnn : Engine::kBlas;
-  EXPECT_EQ(cpu_gemm::engine(), want);
-  EXPECT_NE(cpu_gemm::describe().find(want == Engine::kOneDnn ? "oneDNN " : "BLAS"), std::string::npos)
+static CpuFeatures recorded(const std::string& file) {
+  std::ifstream in(std::string(POLYTRAIN_SOURCE_DIR) + "/tests/data/cpuinfo/" + file);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  EXPECT_FALSE(ss.str().empty()) << file;
+  return cpu_features_from_cpuinfo(ss.str());
+}
+
+TEST(CpuGemmEngine, ChosenByTheRecordedCpusTheBuildAndTheVariable) {
+  using cpu_gemm::choose_engine;
+  // oneDNN on the AVX-512 Xeons it was measured on; the batch split alone elsewhere.
+  for (const char* intel : {"intel_xeon_6_167_amx.txt", "intel_xeon_6_207_amx.txt"}) {
+    EXPECT_EQ(choose_engine(recorded(intel), true, nullptr), Engine::kOneDnn) << intel;
+    EXPECT_EQ(choose_engine(recorded(intel), false, nullptr), Engine::kBlas) << intel;  // a build without oneDNN
+  }
+  for (const char* other : {"intel_xeon_broadwell_avx2_6_79.txt", "amd_epyc_zen3_25_1.txt", "amd_epyc_zen4_25_17.txt"})
+    EXPECT_EQ(choose_engine(recorded(other), true, nullptr), Engine::kBlas) << other;
+  const auto zen3 = recorded("amd_epyc_zen3_25_1.txt");
+  EXPECT_EQ(choose_engine(zen3, true, "onednn"), Engine::kOneDnn);
+  EXPECT_EQ(choose_engine(zen3, false, "onednn"), Engine::kBlas);
+  EXPECT_EQ(choose_engine(recorded("intel_xeon_6_207_amx.txt"), true, "aten"), Engine::kAten);
+  EXPECT_EQ(choose_engine(recorded("intel_xeon_6_207_amx.txt"), true, "blas"), Engine::kBlas);
+  EXPECT_EQ(choose_engine(zen3, true, ""), Engine::kBlas);
+}
+
+TEST(CpuGemmEngine, ThisProcessRunsThisMachinesChoice) {
+  EXPECT_EQ(cpu_gemm::engine(), cpu_gemm::choose_engine(host_cpu_features(), cpu_gemm::have_onednn(),
+                                                        std::getenv("POLYTRAIN_GEMM")));
+  const Engine want = cpu_gemm::engine();
+  EXPECT_NE(cpu_gemm::describe().find(want == Engine::kOneDnn ? "oneDNN " : want == Engine::kBlas ? "BLAS" : "ATen"),
+            std::string::npos)
       << cpu_gemm::describe();
 }
 

@@ -47,16 +47,8 @@ std::optional<Engine> parse(const char* v) {
   return std::nullopt;
 }
 
-Engine default_engine() {
-  if (const char* v = env_value())
-    if (const auto e = parse(v)) return *e == Engine::kOneDnn && !have_onednn() ? Engine::kBlas : *e;
-  // oneDNN was measured faster than OpenBLAS with AVX-512 only (docs/cpu.md); elsewhere the
-  // batch split alone, whose gain does not depend on the library.
-  return have_onednn() && host_cpu_features().avx512 ? Engine::kOneDnn : Engine::kBlas;
-}
-
 std::atomic<Engine>& current() {
-  static std::atomic<Engine> e{default_engine()};
+  static std::atomic<Engine> e{choose_engine(host_cpu_features(), have_onednn(), env_value())};
   return e;
 }
 
@@ -291,6 +283,13 @@ const bool installed = install();
 }  // namespace
 
 bool have_onednn() { return POLYTRAIN_WITH_DNNL != 0; }
+
+Engine choose_engine(const CpuFeatures& cpu, bool with_onednn, const char* env) {
+  if (env && *env)
+    if (const auto e = parse(env)) return *e == Engine::kOneDnn && !with_onednn ? Engine::kBlas : *e;
+  // Elsewhere the batch split alone, whose gain does not depend on the library.
+  return with_onednn && cpu.avx512 && cpu.vendor == "GenuineIntel" ? Engine::kOneDnn : Engine::kBlas;
+}
 
 Engine engine() { return current().load(); }
 

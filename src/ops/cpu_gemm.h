@@ -13,6 +13,8 @@
 
 #include <string>
 
+#include "polytrain/common/blas_kernel.h"
+
 namespace polytrain::cpu_gemm {
 
 enum class Engine {
@@ -21,9 +23,13 @@ enum class Engine {
   kOneDnn,  ///< mm/addmm on oneDNN's sgemm, bmm split over the batch on it
 };
 
-/// The engine in use. Chosen once from POLYTRAIN_GEMM (aten, blas, onednn) or, unset, by the
-/// CPU: oneDNN where it has AVX-512 (where it was measured faster) and the build has oneDNN,
-/// else blas.
+/// The choice, from the CPU, whether the build has oneDNN and POLYTRAIN_GEMM (`env`, null when
+/// unset): the variable's engine when it names one (onednn becomes blas without oneDNN); else
+/// oneDNN on an Intel CPU with AVX-512, where it was measured faster than OpenBLAS, and blas
+/// elsewhere (AMD, AVX2 only: not measured; bench/blas_kernels.sh decides there).
+Engine choose_engine(const CpuFeatures& cpu, bool have_onednn, const char* env);
+
+/// The engine in use: choose_engine for this machine, made once when the library loads.
 Engine engine();
 
 /// For the tests and benchmarks: switches the engine (kOneDnn only where the build has it) and
