@@ -340,6 +340,31 @@ TEST_F(LocalUpdates, PeersStepLocallyAverageThePseudoGradientsAndEndIdentical) {
   EXPECT_TRUE(std::isfinite(loss_local[1]));
 }
 
+// Local updates beside the other options of a round: CenteredClip aggregation of the
+// pseudo-gradients, bf16 autocast (fp32 weights and outer state) and the optimizer offloaded
+// to the background thread. Both peers make both outer steps and end with the same bits.
+TEST_F(LocalUpdates, CenteredClipBf16AndOffloadGoWithIt) {
+  std::ifstream in(dir / "local.json");
+  json c = json::parse(in);
+  c["hivemind"]["aggregation"] = "centered_clip";
+  c["hivemind"]["offload_optimizer"] = true;
+  c["bf16"] = {{"enabled", true}};
+  std::ofstream(dir / "mix.json") << c.dump(2);
+  run_pair("mix", "mix.json", 2, 64);
+  for (int k = 0; k < 2; ++k) {
+    const std::string out = log("mix" + std::to_string(k));
+    EXPECT_EQ(count(out, "hivemind: outer step [12]: 4 inner steps on 32 local samples, pseudo-gradient norm [0-9.e+-]+\n"),
+              2u) << out;
+    EXPECT_EQ(count(out, "hivemind: Averaged tensors successfully with 2 peers"), 2u) << out;
+    EXPECT_NE(out.find("hivemind: offload_optimizer: the optimizer steps an fp32 copy"), std::string::npos) << out;
+    EXPECT_EQ(out.find("bf16: training in fp32 instead"), std::string::npos) << out;
+  }
+  EXPECT_EQ(max_difference(weights("mix0", 2), weights("mix1", 2)), 0.0) << "the peers differ after the outer steps";
+  const auto loss = metric("mix0", "loss");
+  ASSERT_EQ(loss.size(), 2u);
+  EXPECT_TRUE(std::isfinite(loss[0]) && std::isfinite(loss[1]));
+}
+
 namespace {
 
 // The outer momentum a checkpoint's shard holds (hivemind_outer_momentum).
