@@ -7,10 +7,18 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <thread>
 
+#include "helpers/free_port.h"
+#include "helpers/own_process.h"
+#include "helpers/program.h"
+#include "helpers/require.h"
+#include "helpers/shipped_config.h"
 #include "helpers/swarm_helpers.h"
+#include "helpers/temp_dir.h"
 #include "polytrain/swarm/butterfly.h"
 #include "polytrain/swarm/dht.h"
 #include "polytrain/swarm/group_auth.h"
@@ -301,10 +309,11 @@ struct ForgingLeader {
   }
   ~ForgingLeader() { server->stop(); }
 
-  void declare(const std::string& key, int64_t expiration_ms) {
-    hm::Declaration d{id->peer_id(), server->address(), 1.0, expiration_ms};
-    ASSERT_TRUE(dht->store(key, "group", hm::encode_declaration(d), 20s, 2s));
+  bool try_declare(const std::string& key, int64_t expiration_ms) {
+    const hm::Declaration d{id->peer_id(), server->address(), 1.0, expiration_ms};
+    return dht->store(key, "group", hm::encode_declaration(d), 20s, 2s);
   }
+  void declare(const std::string& key, int64_t expiration_ms) { ASSERT_TRUE(try_declare(key, expiration_ms)); }
 
   void serve(hm::Connection& c, const hm::Frame& f) {
     const auto join = hm::open_join(f.payload);
@@ -416,4 +425,87 @@ TEST(AuthenticatedRound, AWeightAboveTheSendersSignedProgressIsClampedToIt) {
     EXPECT_EQ(r[i].clamped_senders, std::vector<std::string>{peers[2]->id->peer_id()}) << r[i].warning();
     EXPECT_NE(r[i].warning().find("weight cut to its signed progress"), std::string::npos) << r[i].warning();
   }
+}
+
+namespace {
+
+const std::string kTrainBert = POLYTRAIN_BINARY_DIR "/train_bert";
+
+size_t occurrences(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+// The forged list against training: two train_bert peers and the forging leader above, which
+// declares itself first under every round's key for the whole run. Each honest peer joins it
+// once, refuses its list, never follows it again, and the pair trains on: both reach their last
+// step with the same bits, within 1e-5 of one process that trains the same samples (where an
+// unattacked pair ends).
+TEST(AuthenticatedRound, AForgingLeaderDoesNotStopTrainingOrChangeItsResult) {
+  PT_SKIP_UNLESS(polytrain::testing::bert_vocab_present(), "the BERT vocab in .cache/assets (scripts/fetch_assets.sh)");
+  constexpr int kSteps = 8;
+  polytrain::testing::TempDir tmp("pt_auth_train");
+  const std::filesystem::path dir = tmp.path;
+  std::ofstream(dir / "config.json") << polytrain::testing::deterministic_bert_tiny(dir / "exp", 1).dump(2);
+  auto base = [&](const std::string& name) {
+    return kTrainBert + " --config '" + (dir / "config.json").string() + "' --experiment_name " + name +
+           " --save_dir '" + (dir / name).string() + "' --max_steps " + std::to_string(kSteps) + " --save_interval " +
+           std::to_string(kSteps);
+  };
+  const int port = polytrain::testing::free_port();
+  const std::string first = "127.0.0.1:" + std::to_string(port);
+  const std::string run_id = "auth-train-" + std::to_string(::getpid());
+  const std::string common = " --env_type hivemind --train_batch_size 16 --train_micro_batch_size_per_gpu 16"
+                             " --target_batch_size 32 --num_streams 2 --expected_peers 2 --run_id " + run_id +
+                             " --matchmaking_time 10 --averaging_timeout 30";
+  std::vector<std::unique_ptr<polytrain::testing::OwnProcess>> honest;
+  for (int k = 0; k < 2; ++k) {
+    const std::string name = "peer" + std::to_string(k);
+    honest.push_back(std::make_unique<polytrain::testing::OwnProcess>(
+        "OMP_NUM_THREADS=1 exec " + base(name) + common + " --stream_index " + std::to_string(k) +
+            (k == 0 ? " --listen " + first : " --listen 127.0.0.1:0 --initial_peers " + first),
+        POLYTRAIN_SOURCE_DIR, (dir / (name + ".log")).string()));
+    if (k == 0) std::this_thread::sleep_for(300ms);
+  }
+  ForgingLeader evil(run_id, first);
+  std::atomic<bool> stop{false};
+  std::atomic<int> stored{0};
+  std::thread declarer([&] {  // first under every round's key, all run long
+    while (!stop) {
+      // A store fails once the honest peers have ended (nobody left to hold it): not counted.
+      for (int e = 0; e <= kSteps; ++e) stored += evil.try_declare(run_id + "_grad_" + std::to_string(e), hm::unix_ms() + 1500);
+      std::this_thread::sleep_for(300ms);
+    }
+  });
+  const bool done = polytrain::testing::wait_until(
+      [&] { return !honest[0]->running() && !honest[1]->running(); }, 240);
+  stop = true;
+  declarer.join();
+  for (auto& p : honest) {
+    if (!done) p->signal(SIGKILL);
+    EXPECT_EQ(p->wait(), 0) << p->output();
+  }
+  ASSERT_TRUE(done) << "the honest peers did not finish in 240 s";
+  EXPECT_GT(stored.load(), 0) << "the forger never declared";
+  EXPECT_EQ(evil.served.load(), 2) << "each honest peer joins the forger once";
+  for (auto& p : honest)
+    EXPECT_EQ(occurrences(p->output(), "does not verify"), 1u) << p->output();
+  const auto w0 = polytrain::testing::saved_weights(dir, "peer0", kSteps);
+  const auto w1 = polytrain::testing::saved_weights(dir, "peer1", kSteps);
+  double between = 0, to_ref = 0;
+  const auto ref = polytrain::testing::run_program(base("ref") + " --env_type pytorch --train_batch_size 32"
+                                                                  " --train_micro_batch_size_per_gpu 16");
+  ASSERT_EQ(ref.code, 0) << ref.out;
+  const auto wr = polytrain::testing::saved_weights(dir, "ref", kSteps);
+  for (const auto& [k, v] : w0) {
+    between = std::max(between, (w1.at(k) - v).abs().max().item<double>());
+    to_ref = std::max(to_ref, (wr.at(k) - v).abs().max().item<double>());
+  }
+  std::printf("[auth] forging leader served %d joins; honest peers apart by %.3g, from one process by %.3g\n",
+              evil.served.load(), between, to_ref);
+  EXPECT_EQ(between, 0.0);
+  EXPECT_LE(to_ref, 1e-5);
 }
