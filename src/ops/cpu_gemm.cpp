@@ -9,6 +9,7 @@
 #include <cstring>
 #include <optional>
 
+#include <ATen/ExpandUtils.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/addmm_cpu_dispatch.h>
 #include <ATen/ops/bmm_cpu_dispatch.h>
@@ -149,42 +150,46 @@ Tensor& mm_out(const Tensor& self, const Tensor& mat2, Tensor& out) {
   return out;
 }
 
-// out = beta self + alpha mat1 mat2 into a row-major `out` that holds self's values already
-// when beta is not 0 (ATen's semantics: beta 0 ignores self, NaN included).
-void addmm_into(const Product& p, const at::Scalar& beta, const at::Scalar& alpha, Tensor& out) {
-  gemm(Engine::kOneDnn, p.a, p.b, p.m, p.n, p.k, alpha.toFloat(), beta.toFloat(), out.data_ptr<float>(), out.stride(0));
+bool real_scalars(const at::Scalar& beta, const at::Scalar& alpha) { return !beta.isComplex() && !alpha.isComplex(); }
+
+// Whether oneDNN runs beta self + alpha p: real scalars and an fp32 self that broadcasts to
+// [m, n] (otherwise ATen's kernel runs it, and raises its own error).
+bool addmm_fits(const Product& p, const Tensor& self, const at::Scalar& beta, const at::Scalar& alpha) {
+  return real_scalars(beta, alpha) && plain_f32(self) && at::is_expandable_to(self.sizes(), {p.m, p.n});
 }
 
-bool real_scalars(const at::Scalar& beta, const at::Scalar& alpha) { return !beta.isComplex() && !alpha.isComplex(); }
+// out = beta self + alpha p into a row-major `out`; self is copied in first unless out is self
+// or beta is 0 (ATen's semantics: beta 0 ignores self, NaN included).
+void addmm_into(const Product& p, const Tensor& self, const at::Scalar& beta, const at::Scalar& alpha, Tensor& out) {
+  const float b = beta.toFloat();
+  if (!out.is_same(self) && b != 0.0f) out.copy_(self.expand({p.m, p.n}));
+  gemm(Engine::kOneDnn, p.a, p.b, p.m, p.n, p.k, alpha.toFloat(), b, out.data_ptr<float>(), out.stride(0));
+}
 
 Tensor& addmm_out(const Tensor& self, const Tensor& mat1, const Tensor& mat2, const at::Scalar& beta,
                   const at::Scalar& alpha, Tensor& out) {
   const auto p = onednn_product(mat1, mat2);
-  const bool same = out.defined() && self.defined() && out.is_same(self);
-  if (!p || !real_scalars(beta, alpha) || !plain_f32(self) || !row_major_out(out, p->m, p->n) ||
-      aliases(out, mat1, mat2) || (!same && out.is_alias_of(self)))
+  if (!p || !addmm_fits(*p, self, beta, alpha) || !row_major_out(out, p->m, p->n) || aliases(out, mat1, mat2) ||
+      (!out.is_same(self) && out.is_alias_of(self)))
     return at::cpu::addmm_out(out, self, mat1, mat2, beta, alpha);
-  // self must broadcast to [m, n]; ATen's kernel says so when it does not.
-  const auto expanded = at::infer_size({p->m, p->n}, self.sizes());
-  if (expanded != std::vector<int64_t>{p->m, p->n}) return at::cpu::addmm_out(out, self, mat1, mat2, beta, alpha);
-  if (!same && beta.toFloat() != 0.0f) out.copy_(self.expand({p->m, p->n}));
-  addmm_into(*p, beta, alpha, out);
+  addmm_into(*p, self, beta, alpha, out);
   return out;
 }
 
 Tensor addmm(const Tensor& self, const Tensor& mat1, const Tensor& mat2, const at::Scalar& beta,
              const at::Scalar& alpha) {
   const auto p = onednn_product(mat1, mat2);
-  if (!p || !plain_f32(self)) return at::cpu::addmm(self, mat1, mat2, beta, alpha);
+  if (!p || !addmm_fits(*p, self, beta, alpha)) return at::cpu::addmm(self, mat1, mat2, beta, alpha);
   Tensor out = at::empty({p->m, p->n}, mat1.options());
-  return addmm_out(self, mat1, mat2, beta, alpha, out);
+  addmm_into(*p, self, beta, alpha, out);
+  return out;
 }
 
 Tensor& addmm_(Tensor& self, const Tensor& mat1, const Tensor& mat2, const at::Scalar& beta, const at::Scalar& alpha) {
   const auto p = onednn_product(mat1, mat2);
   if (!p || !real_scalars(beta, alpha) || !row_major_out(self, p->m, p->n) || aliases(self, mat1, mat2))
     return at::cpu::addmm_(self, mat1, mat2, beta, alpha);
-  addmm_into(*p, beta, alpha, self);
+  addmm_into(*p, self, beta, alpha, self);
   return self;
 }
 
@@ -200,48 +205,57 @@ bool split_over_batch(int64_t batch, int64_t macs_each) {
   return macs_each <= int64_t{512} * 512 * 512;
 }
 
-bool batch_split_out(const Tensor& self, const Tensor& mat2, Tensor& out) {
+// A bmm the batch split runs: the engine, both operands of item 0 and the batch strides.
+struct BatchPlan {
+  Engine engine;
+  Operand a, b;
+  int64_t batch, m, n, k, stride_a, stride_b;
+};
+
+std::optional<BatchPlan> batch_plan(const Tensor& self, const Tensor& mat2) {
   const Engine e = current().load(std::memory_order_relaxed);
-  if (e == Engine::kAten || (e == Engine::kBlas && !blas_sgemm())) return false;
-  if (!plain_f32(self) || !plain_f32(mat2) || self.dim() != 3 || mat2.dim() != 3) return false;
+  if (e == Engine::kAten || (e == Engine::kBlas && !blas_sgemm())) return std::nullopt;
+  if (!plain_f32(self) || !plain_f32(mat2) || self.dim() != 3 || mat2.dim() != 3) return std::nullopt;
   const int64_t batch = self.size(0), m = self.size(1), k = self.size(2), n = mat2.size(2);
-  if (mat2.size(0) != batch || mat2.size(1) != k || m == 0 || n == 0 || k == 0) return false;
-  if (m * n * k < kMinMacs || !split_over_batch(batch, m * n * k)) return false;
+  if (mat2.size(0) != batch || mat2.size(1) != k || m == 0 || n == 0 || k == 0) return std::nullopt;
+  if (m * n * k < kMinMacs || !split_over_batch(batch, m * n * k)) return std::nullopt;
   if (e == Engine::kBlas && !fits_blas_ints({m, n, k, self.stride(1), self.stride(2), mat2.stride(1), mat2.stride(2)}))
-    return false;
-  if (!plain_f32(out) || out.dim() != 3 || out.size(0) != batch || out.size(1) != m || out.size(2) != n ||
-      !out.is_contiguous() || aliases(out, self, mat2))
-    return false;
+    return std::nullopt;
   const auto oa = operand(self.data_ptr<float>(), m, k, self.stride(1), self.stride(2));
   const auto ob = operand(mat2.data_ptr<float>(), k, n, mat2.stride(1), mat2.stride(2));
-  if (!oa || !ob) return false;
-  const float* a = self.data_ptr<float>();
-  const float* b = mat2.data_ptr<float>();
+  if (!oa || !ob) return std::nullopt;
+  return BatchPlan{e, *oa, *ob, batch, m, n, k, self.stride(0), mat2.stride(0)};
+}
+
+// Into a contiguous [batch, m, n] `out`. Inside the parallel region both libraries run
+// single-threaded (they test omp_in_parallel).
+void run_batch(const BatchPlan& p, Tensor& out) {
   float* c = out.data_ptr<float>();
-  const int64_t sa = self.stride(0), sb = mat2.stride(0);
-  // Inside the parallel region both libraries run single-threaded (they test omp_in_parallel).
-  at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, p.batch, 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      Operand ai = *oa, bi = *ob;
-      ai.data = a + i * sa;
-      bi.data = b + i * sb;
-      gemm(e, ai, bi, m, n, k, 1.0f, 0.0f, c + i * m * n, n);
+      Operand a = p.a, b = p.b;
+      a.data += i * p.stride_a;
+      b.data += i * p.stride_b;
+      gemm(p.engine, a, b, p.m, p.n, p.k, 1.0f, 0.0f, c + i * p.m * p.n, p.n);
     }
   });
-  return true;
 }
 
 Tensor bmm(const Tensor& self, const Tensor& mat2) {
-  if (plain_f32(self) && plain_f32(mat2) && self.dim() == 3 && mat2.dim() == 3) {
-    Tensor out = at::empty({self.size(0), self.size(1), mat2.size(2)}, self.options());
-    if (batch_split_out(self, mat2, out)) return out;
-  }
-  return at::cpu::bmm(self, mat2);
+  const auto p = batch_plan(self, mat2);
+  if (!p) return at::cpu::bmm(self, mat2);
+  Tensor out = at::empty({p->batch, p->m, p->n}, self.options());
+  run_batch(*p, out);
+  return out;
 }
 
 Tensor& bmm_out(const Tensor& self, const Tensor& mat2, Tensor& out) {
-  if (batch_split_out(self, mat2, out)) return out;
-  return at::cpu::bmm_out(out, self, mat2);
+  const auto p = batch_plan(self, mat2);
+  if (!p || !plain_f32(out) || out.sizes() != at::IntArrayRef{p->batch, p->m, p->n} || !out.is_contiguous() ||
+      aliases(out, self, mat2))
+    return at::cpu::bmm_out(out, self, mat2);
+  run_batch(*p, out);
+  return out;
 }
 
 // ---- registration ------------------------------------------------------------------------------
