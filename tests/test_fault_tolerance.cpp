@@ -2,9 +2,11 @@
 // plan and the config block alone, then real jobs of tiny BERT under `launch` (3 ranks over Gloo on
 // 127.0.0.1) where one rank is killed or stopped after a step: the job exits 0 with every step
 // logged and each step's loss equal to an uninterrupted 3-rank run's, or, below min_world_size,
-// stops with the lost rank's exit code and a line naming it.
+// stops with the lost rank's exit code and a line naming it. With --max_restarts, launch restarts
+// the lost rank alone and the replacement rejoins with rank 0's live state.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -102,6 +104,34 @@ TEST(FaultToleranceQuorum, WhoRegisteredInTimeFormsTheGroup) {
   EXPECT_LT(std::chrono::steady_clock::now() - t1, milliseconds(2000));
 }
 
+// A replacement's admission through the store: rank 0 sees each pending request once (a later
+// attempt of the same rank again), the replacement reads the group it is admitted to.
+TEST(FaultToleranceJoin, TheStoreProtocol) {
+  using namespace polytrain;
+  std::map<std::string, std::string> kv;
+  const auto store = memory_store(kv);
+  std::vector<int64_t> admitted(3, 0);
+  EXPECT_EQ(pending_joins(store, {0, 1}, 3, admitted), (std::vector<int64_t>{-1, -1, -1}));
+  request_join(store, 2, 1);
+  EXPECT_EQ(pending_joins(store, {0, 1}, 3, admitted), (std::vector<int64_t>{-1, -1, 1}));
+  EXPECT_EQ(pending_joins(store, {0, 1, 2}, 3, admitted), (std::vector<int64_t>{-1, -1, -1})) << "a member is not pending";
+  Admission a;
+  a.generation = 2, a.members = {0, 1, 2}, a.step = 7, a.shared = {"/x/checkpoints", ""};
+  write_admission(store, 2, 1, a);
+  admitted[2] = 1;
+  EXPECT_EQ(pending_joins(store, {0, 1}, 3, admitted), (std::vector<int64_t>{-1, -1, -1})) << "admitted already";
+  const Admission b = await_admission(store, 2, 1, std::chrono::steady_clock::now());
+  EXPECT_EQ(b.generation, 2);
+  EXPECT_EQ(b.members, a.members);
+  EXPECT_EQ(b.step, 7);
+  EXPECT_EQ(b.shared, a.shared);
+  request_join(store, 2, 2);  // lost again, replaced again
+  EXPECT_EQ(pending_joins(store, {0, 1}, 3, admitted), (std::vector<int64_t>{-1, -1, 2}));
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(await_admission(store, 2, 2, t0 + std::chrono::milliseconds(100)), Error) << "never admitted";
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(100));
+}
+
 TEST(FaultToleranceConfig, ShapesAndErrors) {
   using polytrain::parse_fault_tolerance;
   EXPECT_TRUE(parse_fault_tolerance(json(true), "c.json").enabled);
@@ -150,7 +180,7 @@ struct Job {
 // `launch --num_gpus 3 train_bert` on tiny BERT (64 tokens, 12 samples a step as 3 ranks x 2
 // micro-batches of 2: a lost rank leaves two micro-batches to redistribute), 20 steps.
 Job run_job(const TempDir& t, const std::string& name, const std::string& env, const std::string& flags,
-            double deadline_s, const std::string& env_type = "pytorchDDP") {
+            double deadline_s, const std::string& env_type = "pytorchDDP", const std::string& launch_flags = "") {
   json cfg = polytrain::testing::shipped_config("bert_tiny.json");
   cfg["data"]["max_seq_length"] = 64;
   cfg["trainer"]["comm_timeout"] = 6;  // a stopped rank is found by its peers' deadline
@@ -159,7 +189,7 @@ Job run_job(const TempDir& t, const std::string& name, const std::string& env, c
   std::ofstream(dir / "config.json") << cfg.dump(2);
   const std::string cmd = "exec env OMP_NUM_THREADS=1 HOME='" + t.path.string() + "' " + env + " " + kLaunch +
                           " --num_gpus 3 --master_port " + std::to_string(polytrain::testing::free_port()) + " " +
-                          kTrain + " --config '" + (dir / "config.json").string() +
+                          launch_flags + " " + kTrain + " --config '" + (dir / "config.json").string() +
                           "' --env_type " + env_type + " --max_steps 20 --train_batch_size 12"
                           " --train_micro_batch_size_per_gpu 2 --log_interval 1 --eval_interval 1000 --no_progress_bar"
                           " --num_threads 1 --experiments_dir '" + (dir / "exp").string() + "'" + flags;
@@ -319,6 +349,81 @@ TEST(FaultTolerance, ARankLostAtACheckpointSave) {
   for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
   EXPECT_EQ(::pclose(p), 0) << out;
   EXPECT_NE(out.find("resumed from " + ckpt + "/global_step20 at step 20"), std::string::npos) << out;
+}
+
+namespace {
+
+int count_of(const std::string& out, const std::string& what) {
+  int n = 0;
+  for (size_t at = out.find(what); at != std::string::npos; at = out.find(what, at + 1)) ++n;
+  return n;
+}
+
+std::vector<int64_t> ranks_of(const json& record, const char* key) {
+  return record.contains(key) ? record[key].get<std::vector<int64_t>>() : std::vector<int64_t>{};
+}
+
+}  // namespace
+
+// Replacement: rank 2 SIGKILLed after step 5 with --max_restarts 1. launch restarts rank 2 alone;
+// the survivors redo step 6 without it, the replacement joins at a later step boundary with
+// rank 0's live state (no checkpoint), the group is 3 ranks again and every step equals the
+// uninterrupted run's.
+TEST(FaultTolerance, AKilledRankIsReplacedAndTheGroupGrowsBack) {
+  PT_SKIP_UNLESS(bert_vocab_present(), "the BERT vocab in .cache/assets (scripts/fetch_assets.sh)");
+  TempDir t("pt_ft");
+  const Job& base = uninterrupted();
+  ASSERT_EQ(base.code, 0) << base.out;
+  const Job ft = run_job(t, "replaced", "POLYTRAIN_FAULT=2:step:5:KILL", " --fault_tolerance", 55, "pytorchDDP",
+                         "--max_restarts 1");
+  ASSERT_EQ(ft.code, 0) << ft.out;
+  EXPECT_EQ(count_step_lines(ft.out), 20) << ft.out;
+  // Only rank 2 is restarted, once; the group never is.
+  EXPECT_EQ(count_of(ft.out, "restarting it (restart 1 of 1)"), 1) << ft.out;
+  EXPECT_NE(ft.out.find("launch: rank 2 (host localhost) (pid"), std::string::npos) << ft.out;
+  EXPECT_EQ(ft.out.find("launch: restarting the group"), std::string::npos) << ft.out;
+  EXPECT_EQ(ft.out.find("resumed from"), std::string::npos) << "a replacement loads no checkpoint\n" << ft.out;
+  ASSERT_EQ(ft.membership.size(), 2u) << ft.out;
+  EXPECT_EQ(ranks_of(ft.membership[0], "left"), (std::vector<int64_t>{2}));
+  EXPECT_EQ(ft.membership[0]["step"], 6);
+  EXPECT_EQ(ranks_of(ft.membership[1], "joined"), (std::vector<int64_t>{2}));
+  EXPECT_EQ(ranks_of(ft.membership[1], "members"), (std::vector<int64_t>{0, 1, 2})) << "the group is back to 3 ranks";
+  const int64_t joined_at = ft.membership[1]["step"].get<int64_t>();
+  EXPECT_GT(joined_at, 6);
+  EXPECT_LE(joined_at, 20);
+  EXPECT_NE(ft.out.find("[rank 0] fault tolerance: rank 2 joined at step " + std::to_string(joined_at)), std::string::npos)
+      << ft.out;
+  expect_same_losses(base, ft);
+  EXPECT_LE(ft.seconds, 55) << ft.out;
+}
+
+// A failure during the replacement's state transfer: rank 2 is killed after step 5 and replaced;
+// rank 1 kills itself as the live state is about to go to the replacement (POLYTRAIN_FAULT's
+// 'join' point). Rank 0 and the replacement regroup and redo the transfer; rank 1's own
+// replacement joins later. Nobody hangs, the job ends with 3 ranks and every step is the same.
+TEST(FaultTolerance, ARankLostDuringAReplacementsStateTransfer) {
+  PT_SKIP_UNLESS(bert_vocab_present(), "the BERT vocab in .cache/assets (scripts/fetch_assets.sh)");
+  TempDir t("pt_ft");
+  const Job& base = uninterrupted();
+  ASSERT_EQ(base.code, 0) << base.out;
+  const Job ft = run_job(t, "transfer", "POLYTRAIN_FAULT=2:step:5:KILL,1:join:1:KILL", " --fault_tolerance", 55,
+                         "pytorchDDP", "--max_restarts 1");
+  ASSERT_EQ(ft.code, 0) << ft.out;
+  EXPECT_EQ(count_step_lines(ft.out), 20) << ft.out;
+  EXPECT_NE(ft.out.find("sends itself SIGKILL at 'join'"), std::string::npos) << ft.out;
+  EXPECT_EQ(count_of(ft.out, "restarting it (restart 1 of 1)"), 2) << "ranks 1 and 2, once each\n" << ft.out;
+  std::vector<int64_t> left, joined;
+  for (const auto& r : ft.membership) {
+    for (int64_t m : ranks_of(r, "left")) left.push_back(m);
+    for (int64_t m : ranks_of(r, "joined")) joined.push_back(m);
+  }
+  EXPECT_EQ(left, (std::vector<int64_t>{2, 1})) << ft.out;
+  std::sort(joined.begin(), joined.end());
+  EXPECT_EQ(joined, (std::vector<int64_t>{1, 2})) << ft.out;
+  ASSERT_FALSE(ft.membership.empty());
+  EXPECT_EQ(ranks_of(ft.membership.back(), "members"), (std::vector<int64_t>{0, 1, 2})) << ft.out;
+  expect_same_losses(base, ft);
+  EXPECT_LE(ft.seconds, 55) << ft.out;
 }
 
 // Below min_world_size the job stops as without fault tolerance: the lost rank's exit code, and a

@@ -26,7 +26,7 @@ struct Fault {
   mutable std::atomic<long> seen{0};
 };
 
-const char* const kPoints[] = {"rendezvous", "allreduce", "checkpoint", "eval", "step"};
+const char* const kPoints[] = {"rendezvous", "allreduce", "checkpoint", "eval", "step", "join"};
 
 bool parse_long(const std::string& s, long& out) {
   if (s.empty() || s.size() > 9 || s.find_first_not_of("0123456789") != std::string::npos) return false;
@@ -57,10 +57,12 @@ void parse_one(const std::string& item, const std::string& usage, Fault& f) {
   }
   const char* my_rank = std::getenv("RANK");
   // A group's first start only: one that launch --max_restarts restarted would otherwise meet
-  // the same fault again, every time.
+  // the same fault again, every time. Nor in a replacement launch started for a lost rank
+  // (POLYTRAIN_FT_JOIN): it would be lost again the same way.
   const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  const char* replacement = std::getenv("POLYTRAIN_FT_JOIN");
   f.armed = (rank < 0 || (my_rank && std::to_string(rank) == my_rank) || (!my_rank && rank == 0)) &&
-            (!restart || std::string(restart) == "0");
+            (!restart || std::string(restart) == "0") && (!replacement || std::string(replacement) == "0");
 }
 
 const std::vector<Fault>& faults() {
@@ -71,7 +73,7 @@ const std::vector<Fault>& faults() {
     if (!spec || !*spec) return;
     const std::string usage = std::string("POLYTRAIN_FAULT='") + spec +
                               "': expected RANK:POINT[:HIT[:SIGNAL]][,...] (POINT rendezvous, allreduce, checkpoint, "
-                              "eval or step; SIGNAL KILL, STOP, TERM, SEGV or ABRT)";
+                              "eval, step or join; SIGNAL KILL, STOP, TERM, SEGV or ABRT)";
     std::stringstream ss(spec);
     std::vector<std::string> items;
     for (std::string item; std::getline(ss, item, ',');) items.push_back(item);

@@ -6,8 +6,9 @@
 // connects its new group), "allreduce" (a gradient bucket's all-reduce has been issued, the
 // others not yet), "checkpoint" (one file of a checkpoint written, nothing committed), "eval"
 // (one evaluation batch done), "step" (an optimizer step completed: HIT 5 is after the fifth
-// step a run from step 0 takes). Armed in a group's first start only (not after launch
-// --max_restarts restarts it). Unset: fault_point() costs one branch. A malformed value is an
+// step a run from step 0 takes), "join" (fault tolerance: the live state is about to go to a
+// replacement for a lost rank). Armed in a group's first start only (not after launch
+// --max_restarts restarts it, nor in a replacement it starts for a lost rank). Unset: fault_point() costs one branch. A malformed value is an
 // InputError naming POLYTRAIN_FAULT.
 #pragma once
 

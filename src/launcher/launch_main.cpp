@@ -447,6 +447,7 @@ int supervise_attempts(const LaunchOptions& o, const Target& t) {
   SuperviseOptions so;
   so.term_timeout = o.term_timeout;
   so.pid_file = o.pid_file;
+  so.replacements = o.max_restarts;
   for (int attempt = 0;; ++attempt) {
     std::unique_ptr<LocalMpiWorld> world;
     std::string no_world;

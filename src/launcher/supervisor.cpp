@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -79,6 +80,8 @@ struct Proc {
   FILE* log = nullptr;
   std::deque<std::string> tail;
   int reported_code = -1;  // from a node failure line (watch_node_failures)
+  // Fault tolerance: in the others' group (a replacement is not until a "joined" line names it).
+  bool member = true;
 };
 
 // Processes whose parent is this launcher other than `known`: descendants of workers that
@@ -139,6 +142,10 @@ int node_failure_code(const std::string& line) {
 const char kFaultToleranceOn[] = "fault tolerance: on";
 const std::regex& ranks_left_line() {
   static const std::regex re("^fault tolerance: ranks? ([0-9]+(, [0-9]+)*) left");
+  return re;
+}
+const std::regex& ranks_joined_line() {
+  static const std::regex re("^fault tolerance: ranks? ([0-9]+(, [0-9]+)*) joined");
   return re;
 }
 
@@ -273,6 +280,11 @@ struct Group {
   bool fault_tolerant = false;
   int first_lost = -1;
   std::vector<std::string> ft_lines;  // fault tolerance lines not acted on yet
+  // Replacements: per rank, how many times it was restarted; their specs (stable addresses);
+  // the ranks to restart once reap() is done with the process list.
+  std::map<int, int> restarts;
+  std::deque<ProcSpec> replacement_specs;
+  std::vector<size_t> to_replace;
   Clock::time_point kill_at{}, drain_until{};
 
   Group(const std::vector<ProcSpec>& specs, const SuperviseOptions& o);
@@ -294,6 +306,7 @@ struct Group {
     return false;
   }
   void on_fault_tolerance_lines();
+  void replace_lost();
 };
 
 // One Proc per spec, its log file (if any) opened.
@@ -340,6 +353,7 @@ void Group::reap() {
     p.status = st;
     if (exit_code_of(st) != 0 && result.failed < 0 && !stopping) on_failure(i);
   }
+  replace_lost();
 }
 
 // A failed process stops the group, unless fault tolerance is on: then a failed worker is a lost
@@ -348,13 +362,48 @@ void Group::on_failure(size_t i) {
   const Proc& p = procs[i];
   if (fault_tolerant && p.spec->rank >= 0) {
     if (first_lost < 0) first_lost = static_cast<int>(i);
-    std::fprintf(stderr, "launch: %s (pid %d) %s; fault tolerance: the other ranks go on or stop by themselves\n",
-                 p.spec->label.c_str(), static_cast<int>(p.pid), describe(p.status).c_str());
+    // A lost rank other than 0 (whose process hosts the rendezvous store) is restarted while it
+    // has restarts left and no rank has finished: the replacement rejoins at a step boundary.
+    const int done = restarts[p.spec->rank];
+    const bool replace = p.spec->rank > 0 && done < opts.replacements && !any_succeeded();
+    std::fprintf(stderr, "launch: %s (pid %d) %s; fault tolerance: %s\n", p.spec->label.c_str(),
+                 static_cast<int>(p.pid), describe(p.status).c_str(),
+                 replace ? cat("restarting it (restart ", done + 1, " of ", opts.replacements,
+                               ") to rejoin the others at a step boundary").c_str()
+                         : "the other ranks go on or stop by themselves");
     std::fflush(stderr);
+    if (replace) to_replace.push_back(i);
     return;
   }
   result.failed = static_cast<int>(i);
   begin_stop();
+}
+
+// Starts a replacement for each lost rank in to_replace: the same command and rank, with
+// POLYTRAIN_FT_JOIN set to its restart count (the trainer then joins the running group instead
+// of starting one, and POLYTRAIN_FAULT's faults stay off in it). Its log file is appended to.
+void Group::replace_lost() {
+  for (size_t i : to_replace) {
+    const ProcSpec& old = *procs[i].spec;
+    const int n = ++restarts[old.rank];
+    ProcSpec spec = old;
+    spec.env.erase(std::remove_if(spec.env.begin(), spec.env.end(),
+                                  [](const std::string& kv) { return kv.rfind("POLYTRAIN_FT_JOIN=", 0) == 0; }),
+                   spec.env.end());
+    spec.env.push_back(cat("POLYTRAIN_FT_JOIN=", n));
+    replacement_specs.push_back(std::move(spec));
+    Proc p;
+    p.spec = &replacement_specs.back();
+    p.member = false;
+    if (!p.spec->log_path.empty()) {
+      p.log = std::fopen(p.spec->log_path.c_str(), "a");
+      if (!p.log) throw InputError(cat("--log_dir: cannot write '", p.spec->log_path, "': ", std::strerror(errno)));
+    }
+    procs.push_back(std::move(p));
+    start(procs.back());
+  }
+  if (!to_replace.empty() && !opts.pid_file.empty()) write_pid_file(opts.pid_file, procs);
+  to_replace.clear();
 }
 
 // "fault tolerance: on" switches the group to fault tolerance; "fault tolerance: rank R left"
@@ -364,12 +413,21 @@ void Group::on_fault_tolerance_lines() {
   for (const auto& line : ft_lines) {
     if (line.rfind(kFaultToleranceOn, 0) == 0) fault_tolerant = true;
     std::smatch m;
-    if (!fault_tolerant || !std::regex_search(line, m, ranks_left_line())) continue;
+    if (!fault_tolerant) continue;
+    if (std::regex_search(line, m, ranks_joined_line())) {  // the replacements are members now
+      std::stringstream ranks(m[1].str());
+      for (std::string r; std::getline(ranks, r, ',');)
+        for (auto& p : procs)
+          if (p.spec->rank == std::stoi(r) && p.pid > 0 && !p.reaped) p.member = true;
+      continue;
+    }
+    if (!std::regex_search(line, m, ranks_left_line())) continue;
     std::stringstream ranks(m[1].str());
     for (std::string r; std::getline(ranks, r, ',');) {
       const int rank = std::stoi(r);
+      // Not a replacement still waiting to join: the rank that left is the one in the group.
       for (auto& p : procs)
-        if (p.spec->rank == rank && p.pid > 0 && !p.reaped) kill(-p.pid, SIGKILL);
+        if (p.spec->rank == rank && p.member && p.pid > 0 && !p.reaped) kill(-p.pid, SIGKILL);
     }
   }
   ft_lines.clear();

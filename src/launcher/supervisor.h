@@ -41,6 +41,9 @@ struct SuperviseOptions {
   /// `PID START_TIME LABEL` (START_TIME: field 22 of /proc/PID/stat, so that a reader can
   /// tell the process from a later one that reuses its pid); removed when the group ends.
   std::string pid_file;
+  /// Fault tolerance: how many times each lost worker rank (but rank 0) is restarted on its own
+  /// to rejoin the group (launch --max_restarts).
+  int replacements = 0;
 };
 
 /// Field 22 of /proc/PID/stat (start time in clock ticks after boot), or -1.
@@ -58,7 +61,9 @@ struct Outcome {
 /// SIGHUP to the launcher stop the group too. Once a worker prints a line starting with
 /// "fault tolerance: on" (trainer.fault_tolerance), a failed worker no longer stops the group: the
 /// others go on without it, a worker named in a "fault tolerance: rank R left" line is killed (it
-/// was left out of their group), and the outcome is 0 when any worker exits 0.
+/// was left out of their group), and the outcome is 0 when any worker exits 0. A lost worker
+/// rank other than 0 is then restarted alone, up to `replacements` times, with
+/// POLYTRAIN_FT_JOIN=<its restart count>: the replacement joins the running group.
 Outcome supervise(const std::vector<ProcSpec>& procs, const SuperviseOptions& opts);
 
 /// The launcher's environment as KEY=VALUE with `overrides` applied.

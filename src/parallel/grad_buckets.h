@@ -42,6 +42,10 @@ class GradBuckets {
   /// Zeroes every buffer in place (never set_to_none: .grad must stay a bucket view) and disarms
   /// (the first armed backward's accumulation counts are learned here).
   void zero();
+  /// Forgets the learned accumulation counts: the next armed backward only counts again (fault
+  /// tolerance: a group with a fresh replacement in it, which has learned nothing yet, must issue
+  /// its all-reduces in the same order on every rank).
+  void relearn() { learned_ = false; }
   /// Called by the hook of parameter `index` once its gradient is accumulated.
   void grad_ready(size_t index);
   /// A parameter whose gradient was accumulated more often in the last armed backward than

@@ -13,6 +13,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -315,7 +316,10 @@ void Trainer::setup(const std::shared_ptr<torch::nn::Module>& model, const Batch
   const int64_t per_epoch = train_data.size() / global_batch;
   PT_INPUT_CHECK(per_epoch > 0, "the training split has ", train_data.size(), " samples, fewer than train_batch_size ",
                  global_batch);
-  PT_INPUT_CHECK(b.data_shard().own_stream || cfg_.batch.world_size == ctx.dp_size,
+  // A replacement for a lost rank (fault tolerance) may join a group smaller than the job's start.
+  const auto* elastic = dynamic_cast<const ElasticGroup*>(&b);
+  PT_INPUT_CHECK(b.data_shard().own_stream || cfg_.batch.world_size == ctx.dp_size ||
+                     (elastic && elastic->joined_at() >= 0 && elastic->original_members() == cfg_.batch.world_size),
                  "the batch sizes were resolved for a data-parallel size of ", cfg_.batch.world_size, ", but ", b.name(),
                  " runs ", ctx.dp_size, " data-parallel ranks (world ", ctx.world_size, " / model_parallel_size ",
                  ctx.tp_size, ")");
@@ -660,20 +664,87 @@ SampleStream& Trainer::member_stream(int64_t member, SampleStream& own, int64_t 
 // One step; with fault tolerance, a step whose collectives fail because ranks are lost is redone
 // by the survivors over the same global batch, from the same RNG state.
 StepResult Trainer::step_surviving_failures(torch::nn::Module& model, const BatchSource& data, SampleStream& stream,
-                                            const StepRequest& request, double* loss) {
+                                            StepRequest& request, double* loss) {
   if (!elastic_) return train_step(model, data, stream, request, loss);
   while (true) {
-    const at::Tensor rng = cpu_rng_state();
+    at::Tensor rng;
     const auto t0 = Clock::now();
     try {
+      // At the step boundary: replacements for lost ranks join and get the live state, with
+      // which a replacement's progress arrives (the step's LR and loss scale follow it).
+      if (admit_replacements(stream))
+        request = StepRequest{schedule_->lr(applied_), schedule_->momentum(applied_), scaler_ ? scaler_->scale() : 1.0};
+      rng = cpu_rng_state();
       return train_step(model, data, stream, request, loss);
     } catch (const CommFailure& e) {
-      set_cpu_rng_state(rng);
+      if (rng.defined()) set_cpu_rng_state(rng);
       const std::string step = std::to_string(step_ + 1);
       regroup_after(e.what(), t0, step_ + 1, "at step " + step,
                     "step " + step + " redone over the same " + std::to_string(backend_->global_batch()) + " samples");
     }
   }
+}
+
+// Fault tolerance at a step boundary (collective): while ranks are missing, replacements that
+// launch started join the group; then any member that lacks the live state gets it from rank 0
+// (a replacement before its first step; again when a loss interrupted the transfer). One line and
+// a metrics.jsonl record per admission, once the state is across.
+bool Trainer::admit_replacements(SampleStream& stream) {
+  const auto t0 = Clock::now();
+  const MembershipChange c = elastic_->admit(step_);
+  if (!c.joined.empty()) {
+    admitting_since_ = t0;
+    admitting_.insert(admitting_.end(), c.joined.begin(), c.joined.end());
+    admitting_members_ = c.members;
+    admitting_generation_ = c.generation;
+  }
+  std::string received;
+  const bool loaded = elastic_->share_live_state([&] { return live_state(stream); }, &received);
+  if (loaded) load_live_state(received, stream);
+  if (admitting_.empty()) return loaded;
+  const double s = ms_since(admitting_since_) / 1000.0;
+  const auto ranks = [](const std::vector<int64_t>& r) { return (r.size() > 1 ? "ranks " : "rank ") + rank_list(r); };
+  const std::string step = std::to_string(step_ + 1);
+  metrics_->print_line("fault tolerance: " + ranks(admitting_) + " joined at step " + step +
+                       " (a replacement started by launch, with the live state of rank 0); " +
+                       std::to_string(admitting_members_.size()) + " ranks go on (" + ranks(admitting_members_) +
+                       " of the start); " + fmt("%.1f", s) + " s spent");
+  metrics_->note({{"event", "membership_change"}, {"step", step_ + 1}, {"when", "at step " + step},
+                  {"joined", admitting_}, {"left", std::vector<int64_t>{}}, {"members", admitting_members_},
+                  {"generation", admitting_generation_}, {"seconds_lost", s}});
+  admitting_.clear();
+  return loaded;
+}
+
+// The trainer's part of the live state a replacement takes: progress, RNG and data position
+// (the model and the optimizer travel with it, from the backend).
+std::string Trainer::live_state(const SampleStream& stream) const {
+  const at::Tensor rng = cpu_rng_state().contiguous();
+  const auto* bytes = rng.data_ptr<uint8_t>();
+  nlohmann::json j = {{"step", step_},
+                      {"applied", applied_},
+                      {"skipped", skipped_steps_},
+                      {"epoch", epoch_},
+                      {"cursor", stream.cursor()},
+                      {"rng", std::vector<uint8_t>(bytes, bytes + rng.numel())},
+                      {"loss_scaler", scaler_ ? scaler_->state() : nlohmann::json(nullptr)},
+                      {"best_eval_loss", std::isnan(best_eval_loss_) ? nlohmann::json(nullptr) : nlohmann::json(best_eval_loss_)}};
+  return j.dump();
+}
+
+void Trainer::load_live_state(const std::string& state, SampleStream& stream) {
+  const nlohmann::json j = nlohmann::json::parse(state);
+  step_ = j.at("step").get<int64_t>();
+  backend_->set_global_step(step_);
+  applied_ = j.at("applied").get<int64_t>();
+  skipped_steps_ = j.at("skipped").get<int64_t>();
+  epoch_ = j.at("epoch").get<int64_t>();
+  stream.set_cursor(j.at("cursor").get<int64_t>());
+  const auto rng = j.at("rng").get<std::vector<uint8_t>>();
+  set_cpu_rng_state(at::from_blob(const_cast<uint8_t*>(rng.data()), {static_cast<int64_t>(rng.size())}, at::kByte).clone());
+  if (scaler_ && !j.at("loss_scaler").is_null()) scaler_->load_state(j.at("loss_scaler"));
+  if (!j.at("best_eval_loss").is_null()) best_eval_loss_ = j.at("best_eval_loss").get<double>();
+  interrupt_->set_step(step_);
 }
 
 // With fault tolerance, an evaluation or a checkpoint that a lost rank interrupts is done again by
@@ -697,6 +768,11 @@ void Trainer::surviving(const std::string& what, const std::function<void()>& wo
 void Trainer::regroup_after(const std::string& why, Clock::time_point since, int64_t step, const std::string& when,
                             const std::string& redone) {
   const MembershipChange c = elastic_->regroup(step_);
+  if (!admitting_.empty()) {  // a replacement whose state is not across yet: it may be lost, the group changed
+    for (int64_t m : c.left) admitting_.erase(std::remove(admitting_.begin(), admitting_.end(), m), admitting_.end());
+    admitting_members_ = c.members;
+    admitting_generation_ = c.generation;
+  }
   const double lost_s = ms_since(since) / 1000.0;
   const auto ranks = [](const std::vector<int64_t>& r) { return (r.size() > 1 ? "ranks " : "rank ") + rank_list(r); };
   metrics_->print_line("fault tolerance: " + ranks(c.left) + " left " + when + " (" + why + "); " +
@@ -729,10 +805,19 @@ TrainResult Trainer::train(std::shared_ptr<torch::nn::Module> model, const Batch
 
 TrainResult Trainer::run_loop(torch::nn::Module& model, const BatchSource& train_data,
                               const BatchSource* eval_data) {
-  const DataShard shard = backend_->data_shard();
+  DataShard shard = backend_->data_shard();
+  // Fault tolerance: a rank reads its own samples of each global batch, whatever its place in
+  // the group after losses and replacements.
+  if (elastic_) shard.member = elastic_->original_rank(), shard.members = elastic_->original_members();
   SampleStream stream(train_data.size(), shard.order_seed ? shard.order_seed : cfg_.trainer.seed,
                       cfg_.batch.train_batch_size, shard.member, shard.members, shard.own_stream);
-  resume(model, stream);
+  // A replacement for a lost rank loads no checkpoint: the live state comes from rank 0 at its first step.
+  if (elastic_ && elastic_->joined_at() >= 0) {
+    step_ = elastic_->joined_at();
+    interrupt_->set_step(step_);
+  } else {
+    resume(model, stream);
+  }
   if (const int64_t joined = backend_->catch_up(step_); joined > step_) {
     applied_ += joined - step_;  // the swarm's updates, loaded with its state
     step_ = joined;
@@ -753,7 +838,7 @@ TrainResult Trainer::run_loop(torch::nn::Module& model, const BatchSource& train
   }
   while (step_ < total_steps_) {
     const auto t0 = Clock::now();
-    const StepRequest request{schedule_->lr(applied_), schedule_->momentum(applied_), scaler_ ? scaler_->scale() : 1.0};
+    StepRequest request{schedule_->lr(applied_), schedule_->momentum(applied_), scaler_ ? scaler_->scale() : 1.0};
     double loss = 0.0;
     const StepResult r = step_surviving_failures(model, train_data, stream, request, &loss);
     interval_ms_[0] += ms_since(t0);

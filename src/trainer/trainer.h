@@ -94,9 +94,12 @@ class Trainer {
   void record_step(const StepResult& r, double loss, double lr);
   void check_fault_tolerance();
   StepResult step_surviving_failures(torch::nn::Module& model, const BatchSource& data, SampleStream& stream,
-                                     const StepRequest& request, double* loss);
+                                     StepRequest& request, double* loss);
   SampleStream& member_stream(int64_t member, SampleStream& own, int64_t dataset_size);
   void surviving(const std::string& what, const std::function<void()>& work);
+  bool admit_replacements(SampleStream& stream);
+  std::string live_state(const SampleStream& stream) const;
+  void load_live_state(const std::string& state, SampleStream& stream);
   void regroup_after(const std::string& why, std::chrono::steady_clock::time_point since, int64_t step,
                      const std::string& when, const std::string& redone);
   void run_eval_and_record(torch::nn::Module& model, const BatchSource& eval_data, const SampleStream& stream);
@@ -106,6 +109,10 @@ class Trainer {
   ElasticGroup* elastic_ = nullptr;  ///< the backend, with trainer.fault_tolerance
   /// Fault tolerance: the sample streams of lost members, whose micro-batches this rank runs.
   std::map<int64_t, std::unique_ptr<SampleStream>> member_streams_;
+  /// Fault tolerance: replacements admitted whose live state is not sent yet, and since when.
+  std::vector<int64_t> admitting_, admitting_members_;
+  int64_t admitting_generation_ = 0;
+  std::chrono::steady_clock::time_point admitting_since_;
   bool prepared_ = false;
   std::unique_ptr<MetricsLogger> metrics_;
   std::unique_ptr<LrSchedule> schedule_;

@@ -221,22 +221,17 @@ std::vector<uint8_t> as_bytes(const std::string& s) { return std::vector<uint8_t
 
 }  // namespace
 
-GlooGroupFactory gloo_group_factory(Communicator& world) {
-  auto* g = dynamic_cast<GlooCommunicator*>(&world);
-  if (!g) return {};
-  auto store = g->store();
-  auto device = g->device();
-  const auto timeout = g->timeout();
+namespace {
+
+GlooGroupFactory group_factory(c10::intrusive_ptr<c10d::Store> store, std::shared_ptr<::gloo::transport::Device> device,
+                               std::chrono::milliseconds timeout) {
   return [store, device, timeout](const std::string& name, int rank, int size) -> std::unique_ptr<Communicator> {
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>(name, store);
     return std::make_unique<GlooCommunicator>(prefixed, rank, size, timeout, device, name);
   };
 }
 
-StoreOps gloo_store_ops(Communicator& world) {
-  auto* g = dynamic_cast<GlooCommunicator*>(&world);
-  if (!g) return {};
-  auto store = g->store();
+StoreOps store_ops(c10::intrusive_ptr<c10d::Store> store) {
   // A store call that fails means its host (rank 0's process) is gone: there is no quorum.
   auto guarded = [](const char* what, auto&& call) {
     try {
@@ -258,18 +253,38 @@ StoreOps gloo_store_ops(Communicator& world) {
   return ops;
 }
 
+std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& addr) {
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
+    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  if (loopback(addr)) return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+}  // namespace
+
+GlooGroupFactory gloo_group_factory(Communicator& world) {
+  auto* g = dynamic_cast<GlooCommunicator*>(&world);
+  if (!g) return {};
+  return group_factory(g->store(), g->device(), g->timeout());
+}
+
+StoreOps gloo_store_ops(Communicator& world) {
+  auto* g = dynamic_cast<GlooCommunicator*>(&world);
+  if (!g) return {};
+  return store_ops(g->store());
+}
+
+GlooRendezvous gloo_rendezvous_client(int rank, int size, const std::string& addr, int port,
+                                      std::chrono::milliseconds timeout) {
+  PT_INPUT_CHECK(rank > 0, "fault tolerance: rank 0 hosts the rendezvous store and cannot be replaced");
+  auto store = rendezvous_store("gloo", rank, size, addr, port, timeout);
+  return GlooRendezvous{group_factory(store, gloo_device(addr), timeout), store_ops(store)};
+}
+
 std::unique_ptr<Communicator> make_gloo_communicator(int rank, int size, const std::string& addr, int port,
                                                      std::chrono::milliseconds timeout) {
   auto store = rendezvous_store("gloo", rank, size, addr, port, timeout);
-  std::shared_ptr<::gloo::transport::Device> device;
-  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
-    device = c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
-  } else if (loopback(addr)) {
-    device = c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
-  } else {
-    device = c10d::ProcessGroupGloo::createDefaultDevice();
-  }
-  return std::make_unique<GlooCommunicator>(store, rank, size, timeout, device, "world");
+  return std::make_unique<GlooCommunicator>(store, rank, size, timeout, gloo_device(addr), "world");
 }
 
 }  // namespace polytrain

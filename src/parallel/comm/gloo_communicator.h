@@ -32,4 +32,13 @@ struct StoreOps {
 };
 StoreOps gloo_store_ops(Communicator& world);
 
+/// Fault tolerance's replacement for a lost rank: the rendezvous store at addr:port reached as a
+/// client (no group is joined), with what gloo_group_factory and gloo_store_ops give a member.
+struct GlooRendezvous {
+  GlooGroupFactory new_group;
+  StoreOps store;
+};
+GlooRendezvous gloo_rendezvous_client(int rank, int size, const std::string& addr, int port,
+                                      std::chrono::milliseconds timeout);
+
 }  // namespace polytrain

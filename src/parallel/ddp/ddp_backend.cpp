@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 
 #include <torch/nn/module.h>
 #include <torch/serialize/archive.h>
@@ -11,7 +12,10 @@
 
 #include "polytrain/common/error.h"
 #include "polytrain/common/fault.h"
+#include "polytrain/checkpoint/archive_codec.h"
 #include "polytrain/checkpoint/checkpoint.h"
+#include "polytrain/common/dist_env.h"
+#include "polytrain/optim/optimizers.h"
 #include "polytrain/parallel/comm/comm_failure.h"
 #include "polytrain/parallel/comm/rank_ops.h"
 #include "polytrain/parallel/parallel_dims.h"
@@ -21,14 +25,33 @@ namespace polytrain {
 
 using detail::cat;
 
+namespace {
+
+// launch's per-rank restart count of a replacement for a lost rank (POLYTRAIN_FT_JOIN), else 0.
+int64_t replacement_attempt() {
+  const char* v = std::getenv("POLYTRAIN_FT_JOIN");
+  if (!v || !*v) return 0;
+  char* end = nullptr;
+  const long long n = std::strtoll(v, &end, 10);
+  PT_INPUT_CHECK(*end == '\0' && n >= 0, "POLYTRAIN_FT_JOIN='", v, "' is not a restart count");
+  return n;
+}
+
+}  // namespace
+
 DdpBackend::DdpBackend(const Config& cfg, std::unique_ptr<Communicator> world)
     : ReplicatedBackend(cfg), comm_(std::move(world)), ft_(fault_tolerance_options(cfg)) {
   const auto& t = cfg.trainer;
+  // A replacement for a lost rank joins the group the others formed, not the job's first one.
+  if (!comm_ && ft_.enabled) {
+    if (const int64_t attempt = replacement_attempt(); attempt > 0) join_as_replacement(attempt, t.comm_timeout);
+  }
   if (!comm_) comm_ = world_communicator(t, ctx_.device);
   // Every compatibility check, as env_type pytorchDDP unless the grid is deepspeed+mpu's.
   Config as_ddp = cfg;
   if (t.env_type != "deepspeed+mpu") as_ddp.trainer.env_type = "pytorchDDP";
-  const ParallelDims dims = resolve_parallel_dims(as_ddp, comm_->size());
+  const ParallelDims dims =
+      resolve_parallel_dims(as_ddp, joined_at_ >= 0 ? static_cast<int64_t>(original_members_.size()) : comm_->size());
   PT_INPUT_CHECK(dims.strategy == DpStrategy::kReplicate, "zero_optimization.stage ", dims.zero_stage,
                  " partitions the optimizer: ZeroBackend runs it (make_backend picks it), not DdpBackend");
   set_data_parallel_context(ctx_, *comm_);
@@ -48,6 +71,12 @@ DdpBackend::DdpBackend(const Config& cfg, std::unique_ptr<Communicator> world)
 void DdpBackend::enable_fault_tolerance(int64_t tp) {
   PT_INPUT_CHECK(tp == 1, "trainer.fault_tolerance: not with tensor parallelism (trainer.model_parallel_size ", tp,
                  "): a lost rank takes a part of the model with it");
+  own_accumulation_ = accumulation_;
+  if (joined_at_ >= 0) {  // a replacement: the group it joined (join_as_replacement)
+    admitted_.assign(original_members_.size(), 0);
+    replan();
+    return;
+  }
   new_group_ = gloo_group_factory(*comm_);
   store_ = gloo_store_ops(*comm_);
   // A c10d Gloo group can be rebuilt over the rendezvous store; Open MPI as Debian builds it has
@@ -59,7 +88,166 @@ void DdpBackend::enable_fault_tolerance(int64_t tp) {
   for (int64_t r = 0; r < comm_->size(); ++r) original_members_.push_back(r);
   members_ = original_members_;
   me_ = comm_->rank();
-  own_accumulation_ = accumulation_;
+  admitted_.assign(original_members_.size(), 0);
+}
+
+// A replacement: reaches the rendezvous store as a client, asks to join and waits until rank 0
+// admits it at a step boundary, then connects the group it is admitted to (or, when a member is
+// lost meanwhile, the one the next quorum forms). It has no live state until share_live_state.
+void DdpBackend::join_as_replacement(int64_t attempt, double comm_timeout) {
+  const DistEnv env = read_dist_env();
+  const std::chrono::milliseconds timeout(static_cast<int64_t>(comm_timeout * 1000));
+  GlooRendezvous r = gloo_rendezvous_client(env.rank, env.world_size, env.master_addr, env.master_port, timeout);
+  new_group_ = std::move(r.new_group);
+  store_ = std::move(r.store);
+  me_ = env.rank;
+  for (int64_t m = 0; m < env.world_size; ++m) original_members_.push_back(m);
+  // The others admit it at their next step boundary, once they have regrouped without the lost
+  // rank (at most comm_timeout to find a silent one) and finished the step they are in.
+  const auto deadline = std::chrono::steady_clock::now() + 2 * timeout + std::chrono::seconds(60);
+  Admission a;
+  try {
+    request_join(store_, me_, attempt);
+    a = await_admission(store_, me_, attempt, deadline);
+  } catch (const CommFailure& e) {
+    throw Error(cat("fault tolerance: rank ", me_, " (a replacement) could not join: ", e.what(),
+                    " (the job has ended, or rank 0 was lost)"));
+  }
+  generation_ = a.generation;
+  members_ = a.members;
+  joined_at_ = a.step;
+  shared_ = a.shared;
+  has_state_ = false;
+  sync_state_ = true;
+  connect();
+  while (!comm_) {
+    agree(joined_at_);
+    connect();
+  }
+}
+
+// The group of members_ under generation_'s prefix; null when it cannot connect (a member lost).
+void DdpBackend::connect() {
+  const int rank = static_cast<int>(std::find(members_.begin(), members_.end(), me_) - members_.begin());
+  try {
+    comm_ = new_group_(cat("ft/g", generation_, "/group"), rank, static_cast<int>(members_.size()));
+  } catch (const Error&) {
+    comm_.reset();
+  }
+}
+
+// The micro-batches of members_: each its own while all are in; the missing ones' dealt over them.
+void DdpBackend::replan() {
+  if (members_.size() == original_members_.size()) {
+    plan_.clear();
+    accumulation_ = own_accumulation_;
+    summed_ = false;
+    return;
+  }
+  plan_ = micro_batch_plan(members_, original_members_.size(), own_accumulation_, me_);
+  accumulation_ = static_cast<int64_t>(plan_.size());
+  summed_ = true;
+}
+
+MembershipChange DdpBackend::admit(int64_t step) {
+  // A group just formed (by an admission or a regroup) first settles the live state
+  // (share_live_state); every member of it knows, so all skip this check alike.
+  if (original_members_.empty() || members_.size() == original_members_.size() || sync_state_) return {};
+  const int64_t n = static_cast<int64_t>(original_members_.size());
+  at::Tensor pending = torch::full({n}, -1, torch::kLong);
+  if (comm_->rank() == 0) {
+    const std::vector<int64_t> p = pending_joins(store_, members_, n, admitted_);
+    for (int64_t m = 0; m < n; ++m) pending[m] = p[static_cast<size_t>(m)];
+  }
+  comm_->broadcast(pending, 0);
+  std::vector<int64_t> joined, attempts;
+  for (int64_t m = 0; m < n; ++m) {
+    const int64_t attempt = pending[m].item<int64_t>();
+    if (attempt < 0) continue;
+    joined.push_back(m);
+    attempts.push_back(attempt);
+    admitted_[static_cast<size_t>(m)] = attempt;
+  }
+  if (joined.empty()) return {};
+  std::vector<int64_t> members = members_;
+  members.insert(members.end(), joined.begin(), joined.end());
+  std::sort(members.begin(), members.end());
+  ++generation_;
+  if (comm_->rank() == 0) {
+    const Admission a{generation_, members, step, shared_};
+    for (size_t i = 0; i < joined.size(); ++i) write_admission(store_, joined[i], attempts[i], a);
+  }
+  members_ = members;
+  awaiting_ = joined;
+  sync_state_ = true;
+  for (auto& w : work_) w.reset();
+  comm_.reset();
+  connect();
+  // A member lost while the group with the replacements connects: the others' quorum goes on.
+  if (!comm_) throw CommFailure(cat("the group of ranks ", rank_list(members_), " (with replacement rank",
+                                    joined.size() > 1 ? "s " : " ", rank_list(joined), ") did not connect"));
+  set_data_parallel_context(ctx_, *comm_);
+  replan();
+  if (buckets_) {
+    buckets_->zero();
+    buckets_->relearn();  // the replacements' first step learns what to communicate when: so do all
+  }
+  MembershipChange c;
+  c.joined = joined;
+  c.members = members_;
+  c.generation = generation_;
+  return c;
+}
+
+bool DdpBackend::share_live_state(const std::function<std::string()>& trainer_part, std::string* received) {
+  if (!sync_state_) return false;
+  // Whether any member lacks the state: a replacement says so itself, the others know whom they admitted.
+  bool lacking = !has_state_;
+  for (int64_t m : awaiting_) lacking = lacking || std::find(members_.begin(), members_.end(), m) != members_.end();
+  at::Tensor any = torch::full({1}, lacking ? 1 : 0, torch::kLong);
+  comm_->all_reduce(any, ReduceOp::kMax);
+  if (any.item<int64_t>() == 0) {
+    awaiting_.clear();
+    sync_state_ = false;
+    return false;
+  }
+  fault_point("join");
+  // Rank 0's model (with amp's fp32 masters), optimizer state and the trainer's part, as one archive.
+  std::string blob;
+  if (comm_->rank() == 0) {
+    torch::serialize::OutputArchive a, model, optimizer;
+    save_named_tensors(full_state(*model_), model);
+    a.write("model", model);
+    optimizer_->save(optimizer);
+    a.write("optimizer", optimizer);
+    const std::string t = trainer_part();
+    a.write("trainer", torch::from_blob(const_cast<char*>(t.data()), {static_cast<int64_t>(t.size())}, torch::kUInt8).clone());
+    blob = encode_archive(a);
+  }
+  at::Tensor size = torch::full({1}, static_cast<int64_t>(blob.size()), torch::kLong);
+  comm_->broadcast(size, 0);
+  at::Tensor bytes = comm_->rank() == 0
+                         ? torch::from_blob(blob.data(), {static_cast<int64_t>(blob.size())}, torch::kUInt8).clone()
+                         : torch::empty({size.item<int64_t>()}, torch::kUInt8);
+  comm_->broadcast(bytes, 0);
+  const bool mine = !has_state_;
+  if (mine) {
+    const std::string origin = cat("the live state from rank ", members_.front());
+    torch::serialize::InputArchive a, model, optimizer;
+    decode_archive(std::string_view(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()), bytes.numel()), origin, a);
+    a.read("model", model);
+    load_full_state(*model_, load_named_tensors_archive(model), origin);
+    a.read("optimizer", optimizer);
+    optimizer_->load(optimizer, origin);
+    at::Tensor t;
+    a.read("trainer", t);
+    received->assign(reinterpret_cast<const char*>(t.data_ptr<uint8_t>()), static_cast<size_t>(t.numel()));
+    zero_grads();
+    has_state_ = true;
+  }
+  awaiting_.clear();
+  sync_state_ = false;
+  return mine;
 }
 
 double DdpBackend::loss_divisor() const {
@@ -92,10 +280,9 @@ MembershipChange DdpBackend::regroup(int64_t step) {
   for (int64_t m : before)
     if (std::find(members_.begin(), members_.end(), m) == members_.end()) c.left.push_back(m);
   set_data_parallel_context(ctx_, *comm_);
-  plan_ = micro_batch_plan(members_, original_members_.size(), own_accumulation_, me_);
-  accumulation_ = static_cast<int64_t>(plan_.size());
-  summed_ = true;
-  buckets_->zero();  // the interrupted step's partial gradients
+  replan();
+  sync_state_ = true;  // a replacement the loss interrupted may still lack the live state
+  if (buckets_) buckets_->zero();  // the interrupted step's partial gradients
   return c;
 }
 
@@ -127,7 +314,7 @@ void DdpBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Config&
   // Every rank starts from rank 0's weights, broadcast before build() so that amp's fp32
   // master weights are copies of rank 0's too.
   model->to(ctx_.device);
-  broadcast_module_state(*comm_, *model);
+  if (joined_at_ < 0) broadcast_module_state(*comm_, *model);  // a replacement gets it later (share_live_state)
   build(std::move(model), cfg);
   buckets_ = std::make_unique<GradBuckets>(params_, names_, bucket_bytes_, [this](size_t b) {
     if (overlap_) launch(b);
@@ -209,7 +396,13 @@ StepResult DdpBackend::step(const StepRequest& request, int64_t step) {
 }
 
 // Over the whole grid: under TP, comm_ is only this rank's dp group, whose first rank may not be rank 0.
-std::string DdpBackend::share(const std::string& value) { return share_from_rank0(world(), ctx_.device, value); }
+// A replacement takes what the group shared at its start from the admission record.
+std::string DdpBackend::share(const std::string& value) {
+  if (joined_at_ >= 0 && shared_read_ < shared_.size()) return shared_[shared_read_++];
+  std::string v = share_from_rank0(world(), ctx_.device, value);
+  if (!original_members_.empty()) shared_.push_back(v);
+  return v;
+}
 
 double DdpBackend::reduce_metric(double local_value) { return mean_over_ranks(*comm_, ctx_.device, local_value); }
 

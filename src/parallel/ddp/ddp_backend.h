@@ -49,6 +49,10 @@ class DdpBackend : public ReplicatedBackend, public ElasticGroup {
   const std::vector<MicroBatchSlot>& plan() const override { return plan_; }
   int64_t original_members() const override { return original_members_.size(); }
   double loss_divisor() const override;
+  int64_t joined_at() const override { return joined_at_; }
+  MembershipChange admit(int64_t step) override;
+  bool share_live_state(const std::function<std::string()>& trainer_part, std::string* received) override;
+  int64_t original_rank() const override { return me_; }
 
   /// The tensor-parallel group (this rank alone when tp is 1).
   Communicator& tp_group() { return tp_group_ ? *tp_group_ : *comm_; }
@@ -61,6 +65,9 @@ class DdpBackend : public ReplicatedBackend, public ElasticGroup {
   void launch(size_t bucket);
   void enable_fault_tolerance(int64_t tp);
   void agree(int64_t step);
+  void join_as_replacement(int64_t attempt, double comm_timeout);
+  void connect();
+  void replan();
   Communicator& world() { return world_ ? *world_ : *comm_; }
 
   std::string name_ = "pytorchDDP";
@@ -85,6 +92,14 @@ class DdpBackend : public ReplicatedBackend, public ElasticGroup {
   int64_t generation_ = 0;
   bool summed_ = false;                    ///< after a regroup: sum, not mean, over the group
   std::vector<MicroBatchSlot> plan_;
+  // Replacing lost ranks:
+  int64_t joined_at_ = -1;                 ///< a replacement: the step it was admitted at
+  bool has_state_ = true;                  ///< false in a replacement until the live state is in
+  std::vector<int64_t> admitted_;          ///< per original rank: the last replacement attempt admitted
+  std::vector<int64_t> awaiting_;          ///< admitted members the live state has not reached yet
+  bool sync_state_ = false;                ///< after an admission or a regroup: share_live_state checks
+  std::vector<std::string> shared_;        ///< share()'s results, for replacements
+  size_t shared_read_ = 0;                 ///< a replacement: how many of them share() has returned
 };
 
 }  // namespace polytrain

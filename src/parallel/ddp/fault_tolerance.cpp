@@ -83,4 +83,50 @@ std::vector<int64_t> agree_membership(const StoreOps& store, int64_t generation,
   return members;
 }
 
+namespace {
+std::string join_key(int64_t me) { return cat("ft/join/", me); }
+std::string admission_key(int64_t me, int64_t attempt) { return cat("ft/join/", me, "/", attempt); }
+}  // namespace
+
+void request_join(const StoreOps& store, int64_t me, int64_t attempt) { store.set(join_key(me), std::to_string(attempt)); }
+
+std::vector<int64_t> pending_joins(const StoreOps& store, const std::vector<int64_t>& members, int64_t original,
+                                   const std::vector<int64_t>& admitted) {
+  std::vector<int64_t> pending(static_cast<size_t>(original), -1);
+  for (int64_t m = 0; m < original; ++m) {
+    if (std::find(members.begin(), members.end(), m) != members.end() || !store.has(join_key(m))) continue;
+    const int64_t attempt = std::stoll(store.get(join_key(m)));
+    if (attempt > admitted.at(static_cast<size_t>(m))) pending[static_cast<size_t>(m)] = attempt;
+  }
+  return pending;
+}
+
+// The record: "generation;members;step;count", then each shared string on its own key.
+void write_admission(const StoreOps& store, int64_t me, int64_t attempt, const Admission& a) {
+  const std::string key = admission_key(me, attempt);
+  for (size_t i = 0; i < a.shared.size(); ++i) store.set(cat(key, "/shared/", i), a.shared[i]);
+  store.set(key, cat(a.generation, ";", csv(a.members), ";", a.step, ";", a.shared.size()));
+}
+
+Admission await_admission(const StoreOps& store, int64_t me, int64_t attempt,
+                          std::chrono::steady_clock::time_point deadline) {
+  const std::string key = admission_key(me, attempt);
+  while (!store.has(key)) {
+    if (std::chrono::steady_clock::now() >= deadline)
+      throw Error(cat("fault tolerance: rank ", me, " (a replacement) was not admitted in time: the others did not "
+                      "reach a step boundary, or the job has ended"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::vector<std::string> f;
+  std::stringstream in(store.get(key));
+  for (std::string item; std::getline(in, item, ';');) f.push_back(item);
+  PT_CHECK(f.size() == 4, "fault tolerance: malformed admission record under ", key);
+  Admission a;
+  a.generation = std::stoll(f[0]);
+  a.members = parse_csv(f[1]);
+  a.step = std::stoll(f[2]);
+  for (int64_t i = 0; i < std::stoll(f[3]); ++i) a.shared.push_back(store.get(cat(key, "/shared/", i)));
+  return a;
+}
+
 }  // namespace polytrain
