@@ -5,8 +5,9 @@
 //     fp32: cpu_adam::step in AdamW mode over one flat range of N parameters: 28 bytes a
 //           parameter (read p, g, m, v; write p, m, v);
 //     8-bit: optim8bit::adam_step, AdamW mode, the same N: 16 bytes a parameter (read p, g and
-//           two codes; write p and two codes) plus 16 bytes of block scales a 2048;
-//           with the kernel this CPU runs and with each lower one forced;
+//           two codes; write p and two codes) plus 16 bytes of block scales a block
+//           (quant8::kBlockSize elements); with the kernel this CPU runs and with each lower
+//           one forced;
 //     LAMB8bit: optim8bit::lamb_step, two passes: 10 + 16 bytes a parameter;
 //     then each one's seconds per step, bytes moved / seconds, that over B, and the ratios.
 // N defaults to 32M (2^25). Each figure is the median of `reps` timed steps after two warm-up

@@ -8,13 +8,13 @@
 //    the scalar kernel for Adam, AdamW and LAMB over sizes that hit every tail, and independent
 //    of the thread count;
 //  - the optimizers: 300 steps of an MLP next to the fp32 optimizers (Adam8bit / AdamW8bit
-//    within 6%; LAMB8bit where Lamb with 8-bit-rounded moments lands), the same bits whichever
+//    within 8%; LAMB8bit where Lamb with 8-bit-rounded moments lands), the same bits whichever
 //    kernel is forced; LAMB8bit's first step Lamb's to rounding; state bytes <= 0.27 x the fp32
 //    Adam's; save / load exact (the next step identical); checkpoints from fp32 optimizers;
 //    statistics as dequantized copies; input errors; the config's names and keys;
 //  - through the Trainer: resume bit-exact via the universal checkpoint layout (and an fp32
 //    AdamW resuming from it), tiny BERT and GPT-2 eval losses next to fp32 AdamW's, and ZeRO
-//    stage 2 at 2 ranks (partitions not a multiple of 2048) tracking fp32 and resuming exactly.
+//    stage 2 at 2 ranks (partitions cut inside a parameter) tracking fp32 and resuming exactly.
 // The 300-step BERT tiny / GPT-2 tiny comparison on the corpus is bench/optim_8bit.sh's.
 #include <sys/wait.h>
 
@@ -203,8 +203,11 @@ TEST(BlockwiseQuant, OneBlockByHand) {
 }
 
 TEST(BlockwiseQuant, ThreeBlocksAgainstAPlainReferenceWithinTheErrorBound) {
-  // 2 full blocks and a partial one of 904, values over several decades and both signs.
-  const int64_t n = 2 * kBlockSize + 904;
+  // The block of bitsandbytes' 8-bit optimizer states: 256 elements a scale (Optimizer2State.
+  // init_state, blocksize = 256, since bitsandbytes 0.44; the paper and earlier releases: 2048).
+  static_assert(kBlockSize == 256);
+  // 2 full blocks and a partial one of 113, values over several decades and both signs.
+  const int64_t n = 2 * kBlockSize + 113;
   std::vector<float> x(n);
   for (int64_t i = 0; i < n; ++i)
     x[i] = static_cast<float>(std::sin(0.37 * i) * std::pow(10.0, -static_cast<double>(i % 7)) * (1 + (i / kBlockSize)));
@@ -262,7 +265,8 @@ Flat8 random_flat(int64_t n, uint64_t seed) {
   return Flat8(torch::randn({n}), torch::randn({n}) * 1e-2, torch::rand({n}) * 1e-4);
 }
 
-const std::vector<int64_t> kSizes = {1, 15, 16, 17, 100, 2047, 2048, 2049, 2 * kBlockSize + 33, 70001};
+const std::vector<int64_t> kSizes = {1, 15, 16, 17, 100, kBlockSize - 1, kBlockSize, kBlockSize + 1,
+                                     2 * kBlockSize + 33, 2049, 70001};
 
 class Kernel8bit : public ::testing::TestWithParam<Isa> {
  protected:
@@ -337,7 +341,7 @@ TEST_P(Kernel8bit, BitIdenticalToTheScalarKernel) {
 
 TEST_P(Kernel8bit, ThreadCountDoesNotChangeBits) {
   const int saved = at::get_num_threads();
-  const int64_t n = 300007;  // 147 blocks, the last partial
+  const int64_t n = 300007;  // 1172 blocks, the last partial
   std::vector<Flat8> runs_;
   for (int threads : {1, 2, 3}) {
     at::set_num_threads(threads);
@@ -364,7 +368,7 @@ INSTANTIATE_TEST_SUITE_P(Kernels, Kernel8bit, ::testing::Values(Isa::kScalar, Is
 
 NamedParams mlp_params(uint64_t seed) {
   torch::manual_seed(seed);
-  // 12,577 elements: w1 1.5 blocks, w2 4.5 blocks, and parameters far below one block.
+  // 12,577 elements: w1 12 blocks, w2 36 blocks, and parameters below one block (b1, b2: 96).
   return {{"w1", (torch::randn({32, 96}) * 0.2).requires_grad_()},
           {"b1", torch::zeros({96}).requires_grad_()},
           {"w2", (torch::randn({96, 96}) * 0.1).requires_grad_()},
@@ -452,8 +456,9 @@ struct ForcedIsa {
 
 double rel(double got, double want) { return (got - want) / want; }
 
-// 300 steps at lr 3e-3: Adam8bit and AdamW8bit end within 6% of the fp32 optimizer's training
-// and held-out loss (measured: 1-5%). LAMB8bit trails Lamb here (measured +16%): it follows
+// 300 steps at lr 3e-3: Adam8bit and AdamW8bit end within 8% of the fp32 optimizer's training
+// and held-out loss (measured, blocks of 256: 5.5-6.7% lower than fp32's; with blocks of 2048
+// they were 1-5% off). LAMB8bit trails Lamb here (measured +13%): it follows
 // Lamb whose moments are rounded to the 8-bit code after every step (within 2%), i.e. the gap
 // is the 8-bit state's, not the kernel's (elements whose exp_avg_sq rounds to 0 in a block
 // make outliers in the update u, which shrink the layer's trust ratio ||w|| / ||u||).
@@ -464,7 +469,7 @@ TEST(Optimizer8bit, TracksFp32OptimizersOnAnMlp) {
     const char* q8;
     double tolerance;
   };
-  for (const Case& c : {Case{"Adam", "Adam8bit", 0.06}, Case{"AdamW", "AdamW8bit", 0.06}, Case{"Lamb", "LAMB8bit", 0.25}}) {
+  for (const Case& c : {Case{"Adam", "Adam8bit", 0.08}, Case{"AdamW", "AdamW8bit", 0.08}, Case{"Lamb", "LAMB8bit", 0.25}}) {
     SCOPED_TRACE(c.q8);
     const int steps = 300;
     const MlpRun ref = train_mlp(c.fp32, 3e-3, steps), q = train_mlp(c.q8, 3e-3, steps);
@@ -811,6 +816,37 @@ TEST(Optimizer8bit, BadValuesAndParametersAreInputErrorsNamingTheKey) {
   }
 }
 
+// A state saved with blocks of 2048 (earlier checkpoints): its scales' count tells, and the
+// moments are dequantized with those blocks and requantized with kBlockSize ones; any other
+// count is an InputError.
+TEST(Optimizer8bit, StatesSavedWithBlocksOf2048AreRequantized) {
+  const int64_t n = 5000;  // 3 blocks of 2048, 20 of 256
+  torch::manual_seed(8);
+  const at::Tensor m = torch::randn({n}) * torch::exp(torch::randn({n}) * 3), v = m * m;
+  std::map<std::string, at::Tensor> saved;
+  std::map<std::string, at::Tensor> want;
+  for (const char* stat : {"exp_avg", "exp_avg_sq"}) {
+    const DynamicCode& c = std::string(stat) == "exp_avg" ? quant8::signed_code() : quant8::unsigned_code();
+    const at::Tensor& x = std::string(stat) == "exp_avg" ? m : v;
+    at::Tensor codes = torch::empty({n}, torch::kUInt8), absmax = torch::empty({quant8::num_blocks(n, 2048)});
+    quant8::quantize_blockwise(c, x.data_ptr<float>(), n, codes.data_ptr<uint8_t>(), absmax.data_ptr<float>(), 2048);
+    saved[std::string(stat) + "_codes"] = codes;
+    saved[std::string(stat) + "_absmax"] = absmax;
+    at::Tensor legacy = torch::empty({n});
+    quant8::dequantize_blockwise(c, codes.data_ptr<uint8_t>(), absmax.data_ptr<float>(), n, legacy.data_ptr<float>(),
+                                 2048);
+    QuantizedMoments q = QuantizedMoments::zeros(n);
+    q.assign(stat, legacy);
+    want[stat] = q.dequantized(stat);
+  }
+  ASSERT_EQ(saved["exp_avg_absmax"].numel(), 3);
+  const auto got = optim8bit::dequantize_saved(saved, n, "test");
+  for (const char* stat : {"exp_avg", "exp_avg_sq"}) EXPECT_TRUE(torch::equal(got.at(stat), want.at(stat))) << stat;
+  saved["exp_avg_sq_absmax"] = torch::zeros({7});
+  const std::string err = input_error_of([&] { optim8bit::dequantize_saved(saved, n, "test"); });
+  EXPECT_NE(err.find("exp_avg_sq_absmax' has 7 block scales"), std::string::npos) << err;
+}
+
 TEST(Optimizer8bit, ConfigNamesAndKeys) {
   auto parse = [](const json& optimizer) {
     return config_from_json(json{{"train_batch_size", 8}, {"optimizer", optimizer}}, "c.json", 1);
@@ -986,7 +1022,8 @@ TEST(Trainer8bit, TinyGpt2EvalLossNextToFp32AdamW) {
 // ---- ZeRO ----------------------------------------------------------------------------------------
 
 // 5,130 trainable elements in two groups: at 2 ranks the weight group's partitions hold 2,560
-// elements (one full block of 2048, one partial), the bias group's far less than a block.
+// elements (rank 0: 10 blocks of lin1.weight; rank 1: its last 6 blocks, then lin2.weight), the
+// bias group's far less (the padding after the biases an 8-bit run shorter than a block).
 struct Net : torch::nn::Module {
   torch::nn::Linear lin1{nullptr}, lin2{nullptr};
   Net() {

@@ -115,9 +115,11 @@ const DynamicCode& unsigned_code() {
   return c;
 }
 
-void quantize_blockwise(const DynamicCode& code, const float* x, int64_t n, uint8_t* codes, float* absmax) {
-  for (int64_t b = 0; b < num_blocks(n); ++b) {
-    const int64_t lo = b * kBlockSize, hi = std::min(n, lo + kBlockSize);
+void quantize_blockwise(const DynamicCode& code, const float* x, int64_t n, uint8_t* codes, float* absmax,
+                        int64_t block) {
+  PT_CHECK(block > 0, "quantize_blockwise: block size ", block);
+  for (int64_t b = 0; b < num_blocks(n, block); ++b) {
+    const int64_t lo = b * block, hi = std::min(n, lo + block);
     float amax = 0.0f;
     for (int64_t i = lo; i < hi; ++i) amax = std::max(amax, std::fabs(x[i]));
     const float inv = amax > 0.0f ? 1.0f / amax : 0.0f;
@@ -126,8 +128,10 @@ void quantize_blockwise(const DynamicCode& code, const float* x, int64_t n, uint
   }
 }
 
-void dequantize_blockwise(const DynamicCode& code, const uint8_t* codes, const float* absmax, int64_t n, float* out) {
-  for (int64_t i = 0; i < n; ++i) out[i] = code.values[codes[i]] * absmax[i / kBlockSize];
+void dequantize_blockwise(const DynamicCode& code, const uint8_t* codes, const float* absmax, int64_t n, float* out,
+                          int64_t block) {
+  PT_CHECK(block > 0, "dequantize_blockwise: block size ", block);
+  for (int64_t i = 0; i < n; ++i) out[i] = code.values[codes[i]] * absmax[i / block];
 }
 
 }  // namespace polytrain::quant8

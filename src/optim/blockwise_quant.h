@@ -1,7 +1,7 @@
 // Block-wise dynamic 8-bit quantization of optimizer state (Dettmers et al. 2021, "8-bit
 // Optimizers via Block-wise Quantization", the scheme of bitsandbytes' 8-bit optimizers):
-// the dynamic ("tree") code of 256 values, and a tensor of state cut into blocks of 2048
-// elements, each stored as 2048 one-byte indices into the code plus one fp32 scale (the
+// the dynamic ("tree") code of 256 values, and a tensor of state cut into blocks of 256
+// elements, each stored as 256 one-byte indices into the code plus one fp32 scale (the
 // block's largest magnitude). Written here from the paper's description; no bitsandbytes code.
 //
 // This file holds the codes, the reference quantize / dequantize (plain loops, used by
@@ -17,11 +17,20 @@
 
 namespace polytrain::quant8 {
 
-/// Elements per block: one fp32 absmax for each 2048 codes (bitsandbytes' optimizers, the paper).
-constexpr int64_t kBlockSize = 2048;
+/// Elements per block: one fp32 absmax for each 256 codes, as bitsandbytes' 8-bit optimizers
+/// since version 0.44 (Optimizer2State.init_state: blocksize = 256; the paper and earlier
+/// versions used 2048). Smaller blocks track the moments' local scale more closely (a block of
+/// 2048 spans several rows of a weight matrix, whose gradients can differ by orders of
+/// magnitude) for 4 more bytes of scale a 256 parameters per moment: 2.03 bytes of state a
+/// parameter instead of 2.004.
+constexpr int64_t kBlockSize = 256;
+
+/// The block of earlier polytrain checkpoints (and of the paper): what an archive's number of
+/// scales says it was saved with when it fits this and not kBlockSize (optimizers_8bit.h).
+constexpr int64_t kLegacyBlockSize = 2048;
 
 /// Blocks of n elements (the last one may be partial).
-constexpr int64_t num_blocks(int64_t n) { return (n + kBlockSize - 1) / kBlockSize; }
+constexpr int64_t num_blocks(int64_t n, int64_t block = kBlockSize) { return (n + block - 1) / block; }
 
 /// The search tables cover |x| in [2^-24, 2): 25 binades of 128 buckets each (the float's
 /// exponent and top 7 mantissa bits). Below, everything rounds to 0; above, to the largest code.
@@ -89,12 +98,15 @@ inline uint8_t nearest_index(const DynamicCode& c, float x) {
 /// values[index], evaluated by the formula (what make_dynamic_code fills the table with).
 float code_value(const DynamicCode& c, int index);
 
-/// Block-wise quantization of x[0, n): per block, absmax = max |x_i| (0 for an all-zero block)
-/// and each code = nearest_index(x_i * (1 / absmax)) (the reciprocal in fp32; 0 when absmax is
-/// 0). `codes` has n bytes, `absmax` num_blocks(n) floats. Non-finite inputs are unsupported.
-void quantize_blockwise(const DynamicCode& code, const float* x, int64_t n, uint8_t* codes, float* absmax);
+/// Block-wise quantization of x[0, n): per block of `block` elements, absmax = max |x_i| (0 for
+/// an all-zero block) and each code = nearest_index(x_i * (1 / absmax)) (the reciprocal in fp32;
+/// 0 when absmax is 0). `codes` has n bytes, `absmax` num_blocks(n, block) floats. Non-finite
+/// inputs are unsupported.
+void quantize_blockwise(const DynamicCode& code, const float* x, int64_t n, uint8_t* codes, float* absmax,
+                        int64_t block = kBlockSize);
 
 /// out_i = values[codes_i] * absmax[block of i].
-void dequantize_blockwise(const DynamicCode& code, const uint8_t* codes, const float* absmax, int64_t n, float* out);
+void dequantize_blockwise(const DynamicCode& code, const uint8_t* codes, const float* absmax, int64_t n, float* out,
+                          int64_t block = kBlockSize);
 
 }  // namespace polytrain::quant8

@@ -1,6 +1,6 @@
 // The 8-bit optimizers' CPU kernels (see cpu_optim_8bit.h). One function per instruction set
-// handles a block: dequantize + update + keep the new fp32 moments in a 16 KiB buffer on the
-// stack, then requantize from that buffer while the next block's lines are prefetched. The
+// handles a block: dequantize + update + keep the new fp32 moments in a 2 KiB buffer on the
+// stack, then requantize from that buffer while lines further on are prefetched. The
 // SIMD kernels dequantize by the code's formula in registers (a table gather there sat on the
 // update's critical path and cost ~40% of the time) and requantize through a gather from the
 // 12.5 KiB bucket table; the last partial vector of a block runs through the same vector code
@@ -65,11 +65,13 @@ float reduce16(const float* s) {
   return r2[0] + r2[1];
 }
 
-/// During the requantization of block b (pass B, which reads only the 16 KiB buffer on the
-/// stack), the lines of block b + 1 that pass A will read: at iteration i (16 elements), one
-/// line of p and g, and every fourth one line of each code array. Memory then streams while the
-/// block is quantized instead of idling (the kernel is otherwise compute-bound per block and
-/// memory-bound between blocks).
+/// During the requantization of block b (pass B, which reads only the buffer on the stack), the
+/// lines that pass A will read kPrefetchAhead elements on (8 blocks): at iteration i (16
+/// elements), one line of p and g, and every fourth one line of each code array. Memory then
+/// streams while the block is quantized instead of idling (the kernel is otherwise compute-bound
+/// per block and memory-bound between blocks).
+constexpr int64_t kPrefetchAhead = 2048;
+
 inline void prefetch_next(const Job& j, int64_t next_lo, int64_t i) {
 #if defined(__x86_64__)
   if (next_lo + i >= j.n) return;
@@ -285,7 +287,7 @@ PT_AVX512 void block_avx512(const Job& j, int64_t b) {
   const float mx = _mm512_reduce_max_ps(mmax), vx = _mm512_reduce_max_ps(vmax);
   const __m512 im = _mm512_set1_ps(mx > 0.0f ? 1.0f / mx : 0.0f), iv = _mm512_set1_ps(vx > 0.0f ? 1.0f / vx : 0.0f);
   for (i = 0; i + 16 <= len; i += 16) {
-    prefetch_next(j, lo + kBlockSize, i);
+    prefetch_next(j, lo + kPrefetchAhead, i);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(qm + i), nearest512<true>(_mm512_mul_ps(_mm512_loadu_ps(mb + i), im), *j.c1));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(qv + i), nearest512<false>(_mm512_mul_ps(_mm512_loadu_ps(vb + i), iv), *j.c2));
   }
@@ -457,7 +459,7 @@ PT_AVX2 void block_avx2(const Job& j, int64_t b) {
                             nearest256<false>(_mm256_mul_ps(_mm256_loadu_ps(vb + at + 8), iv), *j.c2)));
   };
   for (i = 0; i + 16 <= len; i += 16) {
-    prefetch_next(j, lo + kBlockSize, i);
+    prefetch_next(j, lo + kPrefetchAhead, i);
     quantize16(i, qm + i, qv + i);
   }
   if (r > 0) {
@@ -499,7 +501,7 @@ void run_blocks(const void* ctx, int64_t begin, int64_t end) {
   }
 }
 
-constexpr int64_t kGrainBlocks = 16;  // at least 32K elements a thread, as cpu_adam
+constexpr int64_t kGrainBlocks = 32768 / kBlockSize;  // at least 32K elements a thread, as cpu_adam
 
 void run(const Job& job, Isa isa) {
   const int64_t blocks = quant8::num_blocks(job.n);

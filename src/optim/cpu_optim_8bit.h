@@ -1,8 +1,8 @@
 // The fused CPU kernels of the 8-bit optimizers (bitsandbytes' Adam8bit / AdamW8bit /
-// LAMB8bit): per block of 2048 elements, dequantize both moments (blockwise_quant.h), do the
+// LAMB8bit): per block of 256 elements, dequantize both moments (blockwise_quant.h), do the
 // update in fp32, requantize the moments with the block's new absmax. Per step that moves
 // 16 bytes a parameter (read p, g and two codes; write p and two codes) where the fp32 CPU
-// Adam moves 28, and the state is 2 bytes + 8/2048 a parameter instead of 8.
+// Adam moves 28, and the state is 2 bytes + 8/256 a parameter instead of 8.
 //
 // Same run-time dispatch as cpu_adam.h (scalar, AVX2 + FMA, AVX-512 F + BW; the same
 // POLYTRAIN_CPU_ADAM_ISA override) and the same worker pool (worker_pool.h), threaded over

@@ -96,8 +96,13 @@ QuantizedMoments read_saved(const std::map<std::string, at::Tensor>& saved, int6
     const at::Tensor& absmax = saved.at(k.absmax);
     PT_INPUT_CHECK(codes.numel() == n, what, ": '", k.codes, "' has ", codes.numel(), " codes, the parameter ", n,
                    " elements");
-    PT_INPUT_CHECK(absmax.numel() == quant8::num_blocks(n), what, ": '", k.absmax, "' has ", absmax.numel(),
-                   " block scales, ", n, " elements make ", quant8::num_blocks(n), " blocks of ", quant8::kBlockSize);
+    // Blocks of 2048 (earlier polytrain checkpoints): dequantized with those, requantized below.
+    const bool legacy = absmax.numel() != quant8::num_blocks(n) &&
+                        absmax.numel() == quant8::num_blocks(n, quant8::kLegacyBlockSize);
+    PT_INPUT_CHECK(legacy || absmax.numel() == quant8::num_blocks(n), what, ": '", k.absmax, "' has ",
+                   absmax.numel(), " block scales, ", n, " elements make ", quant8::num_blocks(n), " blocks of ",
+                   quant8::kBlockSize, " (or ", quant8::num_blocks(n, quant8::kLegacyBlockSize), " of ",
+                   quant8::kLegacyBlockSize, ")");
     const at::Tensor c = codes.reshape({-1}).to(at::kCPU);
     // Codes may have travelled as another dtype (the universal layout keeps them as uint8); any
     // value must be a whole number in [0, 255].
@@ -105,10 +110,18 @@ QuantizedMoments read_saved(const std::map<std::string, at::Tensor>& saved, int6
     PT_INPUT_CHECK(c.numel() == 0 || (cd.min().item<double>() >= 0 && cd.max().item<double>() <= 255 &&
                                       torch::equal(cd, cd.round())),
                    what, ": '", k.codes, "' holds values outside the codes 0..255");
-    (k.stat == std::string("exp_avg") ? q.exp_avg : q.exp_avg_sq).copy_(c.to(at::kByte));
-    const at::Tensor a = absmax.reshape({-1}).to(at::kCPU, at::kFloat);
+    const at::Tensor a = absmax.reshape({-1}).to(at::kCPU, at::kFloat).contiguous();
     PT_INPUT_CHECK(a.numel() == 0 || (torch::isfinite(a).all().item<bool>() && a.min().item<float>() >= 0), what,
                    ": '", k.absmax, "' holds a negative or non-finite block scale");
+    if (legacy) {
+      const at::Tensor cb = c.to(at::kByte).contiguous();
+      at::Tensor values = torch::empty({n}, torch::kFloat);
+      quant8::dequantize_blockwise(code_of(k.stat), cb.data_ptr<uint8_t>(), a.data_ptr<float>(), n,
+                                   values.data_ptr<float>(), quant8::kLegacyBlockSize);
+      q.assign(k.stat, values);
+      continue;
+    }
+    (k.stat == std::string("exp_avg") ? q.exp_avg : q.exp_avg_sq).copy_(c.to(at::kByte));
     (k.stat == std::string("exp_avg") ? q.exp_avg_absmax : q.exp_avg_sq_absmax).copy_(a);
   }
   return q;

@@ -1,5 +1,5 @@
 // Adam8bit, AdamW8bit and LAMB8bit (bitsandbytes' names) behind polytrain's Optimizer
-// (optimizers.h): both moments kept block-wise quantized (blockwise_quant.h, 2 bytes + 8/2048
+// (optimizers.h): both moments kept block-wise quantized (blockwise_quant.h, 2 bytes + 8/256
 // a parameter instead of 8), stepped by the fused kernels of cpu_optim_8bit.h. Also the 8-bit
 // moments of one flat range as tensors (QuantizedMoments), which ZeRO's partition optimizer
 // keeps per partition, and the bridge from a saved 8-bit state to fp32 moments that the
@@ -56,9 +56,11 @@ struct QuantizedMoments {
 ///
 /// save() keeps the 8-bit state: archive "names", and "s<i>" for each parameter that has state,
 /// holding "step" (int), "exp_avg_codes" / "exp_avg_sq_codes" (uint8, the parameter's numel)
-/// and "exp_avg_absmax" / "exp_avg_sq_absmax" (float, one per block of 2048). load() restores
-/// that exactly, and also takes fp32 "exp_avg" / "exp_avg_sq" (an AdamW, CPUAdam or Lamb
-/// checkpoint, or a universal checkpoint re-split for another grid), quantizing them. A 32-bit
+/// and "exp_avg_absmax" / "exp_avg_sq_absmax" (float, one per block of quant8::kBlockSize).
+/// load() restores that exactly (a state saved with blocks of 2048, quant8::kLegacyBlockSize,
+/// is dequantized with those and requantized), and also takes fp32 "exp_avg" / "exp_avg_sq"
+/// (an AdamW, CPUAdam or Lamb checkpoint, or a universal checkpoint re-split for another grid),
+/// quantizing them. A 32-bit
 /// parameter saves "step", "exp_avg", "exp_avg_sq" as CPUAdam does, and dequantizes an 8-bit
 /// saved state on load.
 /// torch_optimizer() throws (no libtorch optimizer underneath).

@@ -29,6 +29,7 @@
 #include "polytrain/parallel/universal_state.h"
 #include "polytrain/parallel/update.h"
 #include "polytrain/checkpoint/checkpoint.h"
+#include "polytrain/optim/blockwise_quant.h"
 #include "polytrain/optim/cpu_adam.h"
 #include "polytrain/optim/optimizer_registry.h"
 #include "polytrain/optim/optimizers.h"
@@ -43,8 +44,8 @@ namespace {
 // Adam8bit / AdamW8bit moments of one partition, in runs of elements: fp32 where the parameter
 // keeps 32-bit state by the whole-parameter optimizers' rule (optim8bit::keeps_32bit_state:
 // min_8bit_size, keep_32bit_state), 8-bit elsewhere (padding included), each 8-bit run's blocks
-// of 2048 counted from its start. The same parameters get the same kind of state as under
-// pytorch, and at one rank the same blocks.
+// (quant8::kBlockSize) counted from its start. The same parameters get the same kind of state
+// as under pytorch, and at one rank the same blocks.
 struct Moments8bit {
   struct Run {
     int64_t begin = 0, length = 0;
@@ -195,7 +196,10 @@ std::string lower(std::string s) {
 std::string partition_fingerprint(const std::vector<ZeroLayout>& layouts, int64_t owners, int64_t owner,
                                   const RankContext& ctx, const std::vector<std::string>& runs) {
   std::ostringstream f;
-  f << "owners " << owners << " owner " << owner << " tp " << ctx.tp_rank << "/" << ctx.tp_size;
+  // The 8-bit block: a checkpoint of blocks of another size (no "block" in it) takes the
+  // universal layout's path, which requantizes.
+  f << "owners " << owners << " owner " << owner << " tp " << ctx.tp_rank << "/" << ctx.tp_size << " block "
+    << quant8::kBlockSize;
   for (size_t g = 0; g < layouts.size(); ++g) {
     f << " | group " << g << " part " << layouts[g].part;
     for (const auto& p : layouts[g].owned(owner))
