@@ -409,6 +409,10 @@ INSTANTIATE_TEST_SUITE_P(
         BlasCase{"intel_xeon_6_207_amx.txt", "Prescott", "", "SkylakeX", "picked Prescott"},  // empty = unset
         // A user's OPENBLAS_CORETYPE wins, whatever it says.
         BlasCase{"intel_xeon_6_207_amx.txt", "Prescott", "Haswell", "", "OPENBLAS_CORETYPE=Haswell from the environment"},
+        // ... and a core older than the CPU is named as such (AVX2 kernels on an AVX-512 CPU).
+        BlasCase{"amd_epyc_zen5_26_2.txt", "Cooperlake", "Haswell", "",
+                 "OPENBLAS_CORETYPE=Haswell from the environment, older than this CPU (AVX-512: SkylakeX would be faster)"},
+        BlasCase{"amd_epyc_zen5_26_2.txt", "Cooperlake", "Cooperlake", "", "OPENBLAS_CORETYPE=Cooperlake from the environment"},
         // The model OpenBLAS knows: its own pick stays.
         BlasCase{"intel_xeon_6_167_amx.txt", "SkylakeX", nullptr, "", "OpenBLAS's own pick"},
         BlasCase{"intel_xeon_6_167_amx.txt", "Cooperlake", nullptr, "", "OpenBLAS's own pick"},
@@ -429,6 +433,18 @@ INSTANTIATE_TEST_SUITE_P(
         // Not OpenBLAS (netlib, BLIS, MKL): nothing to choose; a core name nobody knows: left alone.
         BlasCase{"intel_xeon_6_207_amx.txt", "", nullptr, "", ""},
         BlasCase{"intel_xeon_6_207_amx.txt", "Graniterapids", nullptr, "", "a core this choice does not know"}));
+
+// A user's core as new as the CPU's best, or one this choice does not know, is not called older.
+TEST(BlasKernel, AUsersCoreIsCalledOlderOnlyWhenItIs) {
+  const auto zen5 = blas_cases::sample("amd_epyc_zen5_26_2.txt");
+  for (const char* core : {"Cooperlake", "SkylakeX", "Graniterapids"})
+    EXPECT_EQ(choose_openblas_core(zen5, "Cooperlake", core).reason.find("older"), std::string::npos) << core;
+  EXPECT_EQ(choose_openblas_core(blas_cases::sample("amd_epyc_zen3_25_1.txt"), "Zen", "Haswell").reason.find("older"),
+            std::string::npos);
+  EXPECT_NE(choose_openblas_core(blas_cases::sample("amd_epyc_zen3_25_1.txt"), "Zen", "Prescott").reason.find(
+                "older than this CPU (AVX2+FMA: Haswell would be faster)"),
+            std::string::npos);
+}
 
 // The choice travels as OPENBLAS_CORETYPE plus POLYTRAIN_BLAS_KERNEL="CORE|reason".
 TEST(BlasKernel, TheChoiceTravelsWithItsReason) {
