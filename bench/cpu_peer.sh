@@ -9,6 +9,10 @@ PY=/usr/bin/python3
 TCMALLOC=$(ls /usr/lib/*-linux-gnu/libtcmalloc_minimal.so.4 2>/dev/null | head -1)
 [[ -n "$TCMALLOC" ]] || { echo "$(basename "$0"): libtcmalloc_minimal.so.4 missing (apt-get install libgoogle-perftools-dev)" >&2; exit 2; }
 unset OMP_NUM_THREADS
+# Both sides on the BLAS kernel this machine gets by itself (polytrain's choice, the first line
+# names it): an OPENBLAS_CORETYPE left in the environment would force it on both (KEEP_BLAS_ENV=1
+# keeps it).
+[[ "${KEEP_BLAS_ENV:-0}" == 1 ]] || unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE
 _peak=$("$BUILD/bench_bert_step" gemm 0 0)
 threads=$(echo "$_peak" | awk '$1=="threads"{print $2}')
 gemm=$(echo "$_peak" | awk '$1=="gemm_gflops"{print $2}')

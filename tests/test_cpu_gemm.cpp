@@ -79,12 +79,14 @@ static CpuFeatures recorded(const std::string& file) {
 
 TEST(CpuGemmEngine, ChosenByTheRecordedCpusTheBuildAndTheVariable) {
   using cpu_gemm::choose_engine;
-  // oneDNN on the AVX-512 Xeons it was measured on; the batch split alone elsewhere.
-  for (const char* intel : {"intel_xeon_6_167_amx.txt", "intel_xeon_6_207_amx.txt"}) {
-    EXPECT_EQ(choose_engine(recorded(intel), true, nullptr), Engine::kOneDnn) << intel;
-    EXPECT_EQ(choose_engine(recorded(intel), false, nullptr), Engine::kBlas) << intel;  // a build without oneDNN
+  // oneDNN on AVX-512 CPUs of either vendor (measured on the Xeon of model 167 and on Zen 5);
+  // the batch split alone on AVX2-only CPUs.
+  for (const char* avx512 : {"intel_xeon_6_167_amx.txt", "intel_xeon_6_207_amx.txt", "amd_epyc_zen4_25_17.txt",
+                             "amd_epyc_zen5_26_2.txt"}) {
+    EXPECT_EQ(choose_engine(recorded(avx512), true, nullptr), Engine::kOneDnn) << avx512;
+    EXPECT_EQ(choose_engine(recorded(avx512), false, nullptr), Engine::kBlas) << avx512;  // a build without oneDNN
   }
-  for (const char* other : {"intel_xeon_broadwell_avx2_6_79.txt", "amd_epyc_zen3_25_1.txt", "amd_epyc_zen4_25_17.txt"})
+  for (const char* other : {"intel_xeon_broadwell_avx2_6_79.txt", "amd_epyc_zen3_25_1.txt"})
     EXPECT_EQ(choose_engine(recorded(other), true, nullptr), Engine::kBlas) << other;
   const auto zen3 = recorded("amd_epyc_zen3_25_1.txt");
   EXPECT_EQ(choose_engine(zen3, true, "onednn"), Engine::kOneDnn);

@@ -373,6 +373,8 @@ TEST(BlasKernel, ParsesTheFirstProcessorBlock) {
   const auto zen4 = blas_cases::sample("amd_epyc_zen4_25_17.txt");
   EXPECT_TRUE(zen4.avx512 && zen4.avx512_bf16);
   EXPECT_FALSE(zen4.amx_bf16);
+  const auto zen5 = blas_cases::sample("amd_epyc_zen5_26_2.txt");  // recorded on a development VM
+  EXPECT_EQ(describe_cpu(zen5), "AMD family 26 model 2, AVX-512, AVX512-BF16");
   const auto bdw = blas_cases::sample("intel_xeon_broadwell_avx2_6_79.txt");
   EXPECT_TRUE(bdw.avx2 && bdw.fma && !bdw.avx512);
   // AVX-512 needs all five subsets SkylakeX's kernels use; F alone is not enough.
@@ -407,6 +409,10 @@ INSTANTIATE_TEST_SUITE_P(
         BlasCase{"intel_xeon_6_207_amx.txt", "Prescott", "", "SkylakeX", "picked Prescott"},  // empty = unset
         // A user's OPENBLAS_CORETYPE wins, whatever it says.
         BlasCase{"intel_xeon_6_207_amx.txt", "Prescott", "Haswell", "", "OPENBLAS_CORETYPE=Haswell from the environment"},
+        // ... and a core older than the CPU is named as such (AVX2 kernels on an AVX-512 CPU).
+        BlasCase{"amd_epyc_zen5_26_2.txt", "Cooperlake", "Haswell", "",
+                 "OPENBLAS_CORETYPE=Haswell from the environment, older than this CPU (AVX-512: SkylakeX would be faster)"},
+        BlasCase{"amd_epyc_zen5_26_2.txt", "Cooperlake", "Cooperlake", "", "OPENBLAS_CORETYPE=Cooperlake from the environment"},
         // The model OpenBLAS knows: its own pick stays.
         BlasCase{"intel_xeon_6_167_amx.txt", "SkylakeX", nullptr, "", "OpenBLAS's own pick"},
         BlasCase{"intel_xeon_6_167_amx.txt", "Cooperlake", nullptr, "", "OpenBLAS's own pick"},
@@ -415,6 +421,9 @@ INSTANTIATE_TEST_SUITE_P(
         BlasCase{"amd_epyc_zen3_25_1.txt", "Zen", nullptr, "", "OpenBLAS's own pick for AMD family 25 model 1"},
         BlasCase{"amd_epyc_zen4_25_17.txt", "Zen", nullptr, "", "OpenBLAS's own pick"},
         BlasCase{"amd_epyc_zen4_25_17.txt", "Haswell", nullptr, "", "OpenBLAS's own pick"},
+        // Zen 5: OpenBLAS 0.3.21 picks Cooperlake (AVX-512) by its features: kept.
+        BlasCase{"amd_epyc_zen5_26_2.txt", "Cooperlake", nullptr, "", "OpenBLAS's own pick for AMD family 26 model 2"},
+        BlasCase{"amd_epyc_zen5_26_2.txt", "Prescott", nullptr, "SkylakeX", "picked Prescott"},
         // A fall-back on them is corrected to their best: SkylakeX with AVX-512, else Haswell.
         BlasCase{"amd_epyc_zen4_25_17.txt", "Barcelona", nullptr, "SkylakeX", "picked Barcelona"},
         BlasCase{"amd_epyc_zen3_25_1.txt", "Prescott", nullptr, "Haswell", "picked Prescott"},
@@ -425,6 +434,18 @@ INSTANTIATE_TEST_SUITE_P(
         BlasCase{"intel_xeon_6_207_amx.txt", "", nullptr, "", ""},
         BlasCase{"intel_xeon_6_207_amx.txt", "Graniterapids", nullptr, "", "a core this choice does not know"}));
 
+// A user's core as new as the CPU's best, or one this choice does not know, is not called older.
+TEST(BlasKernel, AUsersCoreIsCalledOlderOnlyWhenItIs) {
+  const auto zen5 = blas_cases::sample("amd_epyc_zen5_26_2.txt");
+  for (const char* core : {"Cooperlake", "SkylakeX", "Graniterapids"})
+    EXPECT_EQ(choose_openblas_core(zen5, "Cooperlake", core).reason.find("older"), std::string::npos) << core;
+  EXPECT_EQ(choose_openblas_core(blas_cases::sample("amd_epyc_zen3_25_1.txt"), "Zen", "Haswell").reason.find("older"),
+            std::string::npos);
+  EXPECT_NE(choose_openblas_core(blas_cases::sample("amd_epyc_zen3_25_1.txt"), "Zen", "Prescott").reason.find(
+                "older than this CPU (AVX2+FMA: Haswell would be faster)"),
+            std::string::npos);
+}
+
 // The choice travels as OPENBLAS_CORETYPE plus POLYTRAIN_BLAS_KERNEL="CORE|reason".
 TEST(BlasKernel, TheChoiceTravelsWithItsReason) {
   const auto c = choose_openblas_core(blas_cases::sample("intel_xeon_6_207_amx.txt"), "Prescott", nullptr);
@@ -433,7 +454,8 @@ TEST(BlasKernel, TheChoiceTravelsWithItsReason) {
 
 // bf16 autocast on a CPU: kept where the CPU multiplies bf16 natively, fp32 otherwise.
 TEST(BlasKernel, Bf16IsKeptOnlyWhereTheCpuHasNativeBf16) {
-  for (const char* native : {"intel_xeon_6_207_amx.txt", "intel_xeon_6_167_amx.txt", "amd_epyc_zen4_25_17.txt"})
+  for (const char* native : {"intel_xeon_6_207_amx.txt", "intel_xeon_6_167_amx.txt", "amd_epyc_zen4_25_17.txt",
+                             "amd_epyc_zen5_26_2.txt"})
     EXPECT_EQ(cpu_bf16_fallback_reason(blas_cases::sample(native), nullptr), "") << native;
   const auto zen3 = cpu_bf16_fallback_reason(blas_cases::sample("amd_epyc_zen3_25_1.txt"), nullptr);
   EXPECT_NE(zen3.find("has neither AVX512-BF16 nor AMX-BF16, so bf16 matmuls would be unsupported by oneDNN"),

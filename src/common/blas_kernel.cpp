@@ -130,7 +130,15 @@ std::string cpu_bf16_fallback_reason(const CpuFeatures& cpu, const char* env) {
 }
 
 BlasKernelChoice choose_openblas_core(const CpuFeatures& cpu, const std::string& openblas_pick, const char* user_env) {
-  if (user_env && *user_env) return {"", std::string("OPENBLAS_CORETYPE=") + user_env + " from the environment"};
+  if (user_env && *user_env) {
+    // Kept, but a core older than the CPU is named: such a variable is often left over from
+    // another machine (a VM image's environment), and it costs half the GEMM rate or more.
+    std::string reason = std::string("OPENBLAS_CORETYPE=") + user_env + " from the environment";
+    const int have = cpu_tier(cpu), forced = core_tier(user_env);
+    if (forced >= 0 && forced < have && kTierCore[have][0] != 0)
+      reason += std::string(", older than this CPU (") + kTierName[have] + ": " + kTierCore[have] + " would be faster)";
+    return {"", reason};
+  }
   if (openblas_pick.empty()) return {"", ""};
   const int have = cpu_tier(cpu), picked = core_tier(openblas_pick);
   if (picked < 0) return {"", "OpenBLAS's own pick (a core this choice does not know)"};

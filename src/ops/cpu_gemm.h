@@ -25,8 +25,8 @@ enum class Engine {
 
 /// The choice, from the CPU, whether the build has oneDNN and POLYTRAIN_GEMM (`env`, null when
 /// unset): the variable's engine when it names one (onednn becomes blas without oneDNN); else
-/// oneDNN on an Intel CPU with AVX-512, where it was measured faster than OpenBLAS, and blas
-/// elsewhere (AMD, AVX2 only: not measured; bench/blas_kernels.sh decides there).
+/// oneDNN on a CPU with AVX-512 (measured faster than OpenBLAS on an Intel Xeon and on AMD's Zen
+/// 5), and blas on older CPUs (AVX2 only: not measured; bench/blas_kernels.sh decides there).
 Engine choose_engine(const CpuFeatures& cpu, bool have_onednn, const char* env);
 
 /// The engine in use: choose_engine for this machine, made once when the library loads.
