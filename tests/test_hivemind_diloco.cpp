@@ -300,6 +300,26 @@ double total(const std::vector<double>& v) {
   return s;
 }
 
+// The local samples of each outer step in a peer's log ("outer step K: N inner steps on M local
+// samples"), in order.
+std::vector<int> outer_samples(const std::string& out) {
+  std::vector<int> v;
+  const std::regex re("hivemind: outer step [0-9]+: [0-9]+ inner steps on ([0-9]+) local samples");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it)
+    v.push_back(std::stoi((*it)[1]));
+  return v;
+}
+
+// Both peers made two outer steps of 64 samples swarm-wide. The target batch is the swarm's, not
+// a peer's: a peer that runs faster (ctest -j2 beside another job) takes more of it (5 and 3
+// inner steps instead of 4 and 4, seen once), so only the sums are fixed.
+void expect_two_outer_steps_of_64(const std::string& out0, const std::string& out1) {
+  const auto a = outer_samples(out0), b = outer_samples(out1);
+  ASSERT_EQ(a.size(), 2u) << out0;
+  ASSERT_EQ(b.size(), 2u) << out1;
+  for (size_t i = 0; i < 2; ++i) EXPECT_EQ(a[i] + b[i], 64) << "outer step " << i + 1 << "\n" << out0 << out1;
+}
+
 }  // namespace
 
 // The same 128 samples swarm-wide, from the same streams: per-step averaging takes 8 global steps
@@ -314,12 +334,11 @@ TEST_F(LocalUpdates, PeersStepLocallyAverageThePseudoGradientsAndEndIdentical) {
     const std::string out = log("local" + std::to_string(k));
     EXPECT_NE(out.find("hivemind: local updates (DiLoCo): every micro-batch is a step of this peer's AdamW"),
               std::string::npos) << out;
-    EXPECT_EQ(count(out, "hivemind: outer step [12]: 4 inner steps on 32 local samples, pseudo-gradient norm [0-9.e+-]+\n"),
-              2u) << out;
     EXPECT_EQ(count(out, "hivemind: Averaged tensors successfully with 2 peers"), 2u) << out;
     EXPECT_EQ(out.find("no averaging group"), std::string::npos) << out;
     EXPECT_EQ(count(log("step" + std::to_string(k)), "hivemind: Averaged tensors successfully with 2 peers"), 8u);
   }
+  expect_two_outer_steps_of_64(log("local0"), log("local1"));
   EXPECT_EQ(max_difference(weights("local0", 2), weights("local1", 2)), 0.0) << "the peers differ after the outer step";
   EXPECT_GT(max_difference(weights("local0", 2), weights("step0", 8)), 1e-4) << "local updates changed nothing";
 
@@ -329,8 +348,8 @@ TEST_F(LocalUpdates, PeersStepLocallyAverageThePseudoGradientsAndEndIdentical) {
   ASSERT_FALSE(step_mine.empty());
   ASSERT_FALSE(local_mine.empty());
   const double step_samples = step_mine.back(), local_samples = local_mine.back();
-  ASSERT_EQ(step_samples, 64.0);
-  ASSERT_EQ(local_samples, 64.0);
+  ASSERT_EQ(step_samples + metric("step1", "contributed_samples").back(), 128.0);
+  ASSERT_EQ(local_samples + metric("local1", "contributed_samples").back(), 128.0);
   std::printf("[diloco] bytes per sample (sent + received, peer 0): per-step %.0f, local updates (H = 4) %.0f: %.2fx less\n",
               step_bytes / step_samples, local_bytes / local_samples, step_bytes / local_bytes);
   EXPECT_GT(local_bytes, 0.0) << "the pseudo-gradient rounds are not counted";
@@ -353,12 +372,11 @@ TEST_F(LocalUpdates, CenteredClipBf16AndOffloadGoWithIt) {
   run_pair("mix", "mix.json", 2, 64);
   for (int k = 0; k < 2; ++k) {
     const std::string out = log("mix" + std::to_string(k));
-    EXPECT_EQ(count(out, "hivemind: outer step [12]: 4 inner steps on 32 local samples, pseudo-gradient norm [0-9.e+-]+\n"),
-              2u) << out;
     EXPECT_EQ(count(out, "hivemind: Averaged tensors successfully with 2 peers"), 2u) << out;
     EXPECT_NE(out.find("hivemind: offload_optimizer: the optimizer steps an fp32 copy"), std::string::npos) << out;
     EXPECT_EQ(out.find("bf16: training in fp32 instead"), std::string::npos) << out;
   }
+  expect_two_outer_steps_of_64(log("mix0"), log("mix1"));
   EXPECT_EQ(max_difference(weights("mix0", 2), weights("mix1", 2)), 0.0) << "the peers differ after the outer steps";
   const auto loss = metric("mix0", "loss");
   ASSERT_EQ(loss.size(), 2u);

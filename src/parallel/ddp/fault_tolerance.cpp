@@ -63,10 +63,20 @@ std::vector<int64_t> agree_membership(const StoreOps& store, int64_t generation,
   store.set(base + "alive/" + std::to_string(me), std::to_string(step));
   // A survivor learns of the failure when its own collective fails, which the others' dropped
   // connections make quick; `settle` bounds the wait for one that is busy computing.
-  const auto deadline = std::chrono::steady_clock::now() + settle;
+  // Rank 0 hosts the store: while the store answers, its process lives, and a group without it
+  // cannot go on. So the quorum waits longer for it (a loaded machine once made rank 0 register
+  // more than `settle` after the others, who then closed the quorum without it and lost the job).
+  const auto now = std::chrono::steady_clock::now();
+  const auto deadline = now + settle;
+  const auto host_deadline = now + std::max<std::chrono::milliseconds>(settle, std::chrono::seconds(30));
+  const bool host_expected = std::find(previous.begin(), previous.end(), 0) != previous.end();
+  auto waiting = [&](const std::vector<int64_t>& alive) {
+    const auto t = std::chrono::steady_clock::now();
+    if (t < deadline) return true;
+    return host_expected && t < host_deadline && std::find(alive.begin(), alive.end(), 0) == alive.end();
+  };
   std::vector<int64_t> alive = registered(store, base, previous);
-  while (alive.size() < previous.size() && std::chrono::steady_clock::now() < deadline &&
-         !store.has(base + "members")) {
+  while (alive.size() < previous.size() && waiting(alive) && !store.has(base + "members")) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     alive = registered(store, base, previous);
   }

@@ -97,7 +97,8 @@ std::vector<MicroBatchSlot> micro_batch_plan(const std::vector<int64_t>& members
 
 /// The quorum of membership generation `generation`: member `me` (at optimizer step `step`)
 /// registers under ft/g<generation>/, waits until every member of `previous` has registered or
-/// `settle` has passed, and the first survivor to decide writes the list everyone then reads.
+/// `settle` has passed (for rank 0, the store's host, up to 30 s or `settle` if longer), and
+/// the first survivor to decide writes the list everyone then reads.
 /// Error when this rank is not in it (it registered after the quorum closed) or the survivors
 /// registered different steps.
 std::vector<int64_t> agree_membership(const StoreOps& store, int64_t generation, int64_t me,
