@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <regex>
 #include <string>
@@ -68,12 +69,26 @@ TEST(FaultTolerancePlan, TheLostMembersMicroBatchesAreDealtOverTheSurvivors) {
 namespace {
 
 // The rendezvous store's calls over an in-memory map (one process plays every survivor in turn).
+// Safe to use from several threads (a test's late registrant), as the TCPStore it stands for.
 polytrain::StoreOps memory_store(std::map<std::string, std::string>& kv) {
+  auto mu = std::make_shared<std::mutex>();
   polytrain::StoreOps ops;
-  ops.set = [&kv](const std::string& k, const std::string& v) { kv[k] = v; };
-  ops.has = [&kv](const std::string& k) { return kv.count(k) > 0; };
-  ops.set_once = [&kv](const std::string& k, const std::string& v) { return kv.emplace(k, v).first->second; };
-  ops.get = [&kv](const std::string& k) { return kv.at(k); };
+  ops.set = [&kv, mu](const std::string& k, const std::string& v) {
+    std::lock_guard<std::mutex> l(*mu);
+    kv[k] = v;
+  };
+  ops.has = [&kv, mu](const std::string& k) {
+    std::lock_guard<std::mutex> l(*mu);
+    return kv.count(k) > 0;
+  };
+  ops.set_once = [&kv, mu](const std::string& k, const std::string& v) {
+    std::lock_guard<std::mutex> l(*mu);
+    return kv.emplace(k, v).first->second;
+  };
+  ops.get = [&kv, mu](const std::string& k) {
+    std::lock_guard<std::mutex> l(*mu);
+    return kv.at(k);
+  };
   return ops;
 }
 
@@ -111,15 +126,7 @@ TEST(FaultToleranceQuorum, WhoRegisteredInTimeFormsTheGroup) {
 TEST(FaultToleranceQuorum, RankZeroLateIsWaitedFor) {
   using std::chrono::milliseconds;
   std::map<std::string, std::string> kv;
-  std::mutex mu;
-  polytrain::StoreOps store;
-  store.set = [&](const std::string& k, const std::string& v) { std::lock_guard<std::mutex> l(mu); kv[k] = v; };
-  store.has = [&](const std::string& k) { std::lock_guard<std::mutex> l(mu); return kv.count(k) > 0; };
-  store.set_once = [&](const std::string& k, const std::string& v) {
-    std::lock_guard<std::mutex> l(mu);
-    return kv.emplace(k, v).first->second;
-  };
-  store.get = [&](const std::string& k) { std::lock_guard<std::mutex> l(mu); return kv.at(k); };
+  const auto store = memory_store(kv);
   std::thread late([&] {
     std::this_thread::sleep_for(milliseconds(600));
     store.set("ft/g1/alive/0", "5");

@@ -1,5 +1,7 @@
 #include "polytrain/common/fault_tolerance_config.h"
 
+#include <cstdlib>
+
 #include "polytrain/common/config.h"
 #include "polytrain/common/error.h"
 
@@ -73,6 +75,15 @@ void resolve_fault_tolerance(Config& cfg, const std::string& origin) {
 FaultToleranceOptions fault_tolerance_options(const Config& cfg) {
   const nlohmann::json* block = block_of(cfg);
   return block ? parse_fault_tolerance(*block, "") : FaultToleranceOptions{};
+}
+
+int64_t replacement_attempt() {
+  const char* v = std::getenv("POLYTRAIN_FT_JOIN");
+  if (!v || !*v) return 0;
+  char* end = nullptr;
+  const long long n = std::strtoll(v, &end, 10);
+  PT_INPUT_CHECK(*end == '\0' && n >= 0, "POLYTRAIN_FT_JOIN='", v, "' is not a restart count");
+  return n;
 }
 
 }  // namespace polytrain

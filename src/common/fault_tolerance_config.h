@@ -33,4 +33,8 @@ void resolve_fault_tolerance(Config& cfg, const std::string& origin);
 /// The options of a parsed config (disabled when the key is absent).
 FaultToleranceOptions fault_tolerance_options(const Config& cfg);
 
+/// launch's per-rank restart count of a replacement for a lost rank (POLYTRAIN_FT_JOIN), 0 in
+/// any other process; InputError when the variable is no count.
+int64_t replacement_attempt();
+
 }  // namespace polytrain

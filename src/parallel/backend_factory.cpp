@@ -1,7 +1,4 @@
 // The only place that knows every backend: ParallelDims -> the strategy over its grid.
-#include <cstdlib>
-#include <string>
-
 #include "polytrain/common/error.h"
 #include "polytrain/common/fault_tolerance_config.h"
 #include "polytrain/parallel/backend.h"
@@ -36,9 +33,7 @@ std::unique_ptr<Backend> make_backend(const Config& cfg, std::unique_ptr<Communi
     return std::make_unique<SingleBackend>(cfg);
   }
   // A replacement launch started for a lost rank (fault tolerance) joins the running group, not a world.
-  if (const char* join = std::getenv("POLYTRAIN_FT_JOIN");
-      !world && join && *join && std::string(join) != "0" && fault_tolerance_options(cfg).enabled)
-    return std::make_unique<DdpBackend>(cfg);
+  if (!world && fault_tolerance_options(cfg).enabled && replacement_attempt() > 0) return std::make_unique<DdpBackend>(cfg);
   if (!world) world = world_communicator(cfg.trainer, parse_device(cfg.trainer.pytorch_device));
   const ParallelDims dims = resolve_parallel_dims(cfg, world->size());
   switch (dims.strategy) {

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 
 #include <torch/nn/module.h>
 #include <torch/serialize/archive.h>
@@ -24,20 +23,6 @@
 namespace polytrain {
 
 using detail::cat;
-
-namespace {
-
-// launch's per-rank restart count of a replacement for a lost rank (POLYTRAIN_FT_JOIN), else 0.
-int64_t replacement_attempt() {
-  const char* v = std::getenv("POLYTRAIN_FT_JOIN");
-  if (!v || !*v) return 0;
-  char* end = nullptr;
-  const long long n = std::strtoll(v, &end, 10);
-  PT_INPUT_CHECK(*end == '\0' && n >= 0, "POLYTRAIN_FT_JOIN='", v, "' is not a restart count");
-  return n;
-}
-
-}  // namespace
 
 DdpBackend::DdpBackend(const Config& cfg, std::unique_ptr<Communicator> world)
     : ReplicatedBackend(cfg), comm_(std::move(world)), ft_(fault_tolerance_options(cfg)) {
