@@ -694,27 +694,42 @@ TEST(Progress, ThreePeersSeeTheSwarmsSamplesThroughTheDht) {
 
 TEST(Metrics, RecordsRoundTripAndMalformedOnesAreRefused) {
   hm::StepMetrics m{12, 7.25, 16, 310.5, 2, 1.7e9};
-  const auto back = hm::decode_metrics(hm::encode_metrics(m));
+  const auto back = hm::decode_metrics(hm::encode_metrics({m}));
   ASSERT_TRUE(back);
-  EXPECT_EQ(back->step, 12);
-  EXPECT_EQ(back->loss, 7.25);
-  EXPECT_EQ(back->samples, 16);
-  EXPECT_EQ(back->samples_per_second, 310.5);
-  EXPECT_EQ(back->mini_steps, 2);
-  EXPECT_LE(hm::encode_metrics(m).size(), hm::kMaxPayloadBytes);
+  ASSERT_EQ(back->size(), 1u);
+  EXPECT_EQ(back->at(0).step, 12);
+  EXPECT_EQ(back->at(0).loss, 7.25);
+  EXPECT_EQ(back->at(0).samples, 16);
+  EXPECT_EQ(back->at(0).samples_per_second, 310.5);
+  EXPECT_EQ(back->at(0).mini_steps, 2);
+  EXPECT_EQ(back->at(0).time, 1.7e9);
+  // A full history of large numbers fits a record; only the newest kMetricsHistory are sent.
+  std::vector<hm::StepMetrics> many;
+  for (int64_t s = 1; s <= 12; ++s) many.push_back({int64_t{1} << 40 | s, 1.5, int64_t{1} << 40, 1e9, 1 << 30, 1.7e9});
+  const std::string full = hm::encode_metrics(many);
+  EXPECT_LE(full.size(), hm::kMaxPayloadBytes);
+  const auto kept = hm::decode_metrics(full);
+  ASSERT_TRUE(kept);
+  ASSERT_EQ(kept->size(), hm::kMetricsHistory);
+  EXPECT_EQ(kept->front().step, many[12 - hm::kMetricsHistory].step);
+  EXPECT_EQ(kept->back().step, many.back().step);
   m.loss = std::nan("");
-  EXPECT_FALSE(hm::decode_metrics(hm::encode_metrics(m)));
+  EXPECT_FALSE(hm::decode_metrics(hm::encode_metrics({m})));
   m.loss = 1.0, m.samples_per_second = -1.0;
-  EXPECT_FALSE(hm::decode_metrics(hm::encode_metrics(m)));
+  EXPECT_FALSE(hm::decode_metrics(hm::encode_metrics({m})));
+  m.samples_per_second = 1.0;
+  EXPECT_FALSE(hm::decode_metrics(hm::encode_metrics({m, m})));  // steps must increase
+  EXPECT_FALSE(hm::decode_metrics(hm::encode_metrics({})));       // no step at all
   EXPECT_FALSE(hm::decode_metrics(""));
   EXPECT_FALSE(hm::decode_metrics("epoch 3"));
-  EXPECT_FALSE(hm::decode_metrics(hm::encode_metrics(hm::StepMetrics{}) + "x"));
+  EXPECT_FALSE(hm::decode_metrics(hm::encode_metrics({hm::StepMetrics{}}) + "x"));
   std::mt19937 rng(5);
-  const std::string good = hm::encode_metrics(hm::StepMetrics{3, 2.0, 8, 1.0, 1, 5.0});
+  const std::string good = hm::encode_metrics({hm::StepMetrics{3, 2.0, 8, 1.0, 1, 5.0}, hm::StepMetrics{4, 1.0, 8, 1.0, 1, 6.0}});
   for (int k = 0; k < 1000; ++k) {  // never crashes; whatever decodes is finite
     std::string b = good;
     b[rng() % b.size()] = static_cast<char>(rng());
-    if (auto d = hm::decode_metrics(b)) EXPECT_TRUE(std::isfinite(d->loss) && d->samples >= 0);
+    if (auto d = hm::decode_metrics(b))
+      for (const auto& e : *d) EXPECT_TRUE(std::isfinite(e.loss) && e.samples >= 0);
   }
 }
 
@@ -747,7 +762,7 @@ TEST(Metrics, AStepIsLoggedOnceOverWithTheSampleWeightedLossOfItsPeers) {
   EXPECT_EQ(s.last_final(), 3);
 }
 
-TEST(Metrics, APublisherSendsTheNewestRecordWithoutBlockingTheCaller) {
+TEST(Metrics, APublisherSendsTheLastStepsWithoutBlockingTheCaller) {
   hm::DhtOptions o;
   o.run_id = "metrics-test";
   o.listen = "127.0.0.1:0";
@@ -760,8 +775,14 @@ TEST(Metrics, APublisherSendsTheNewestRecordWithoutBlockingTheCaller) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 50ms);
   EXPECT_TRUE(eventually(
       [&] {
+        // Posted faster than a store completes, the steps in between still reach a reader:
+        // the record holds the last ones.
         for (const auto& r : b.fetch("metrics-test_metrics", 1s))
-          if (auto m = hm::decode_metrics(r.payload); m && r.kind == "metrics" && m->step == 5) return true;
+          if (auto m = hm::decode_metrics(r.payload); m && r.kind == "metrics" && m->back().step == 5) {
+            EXPECT_EQ(m->size(), 5u);
+            for (size_t i = 0; i < m->size(); ++i) EXPECT_EQ(m->at(i).step, static_cast<int64_t>(i) + 1);
+            return true;
+          }
         return false;
       },
       10s));

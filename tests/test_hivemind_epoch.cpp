@@ -7,10 +7,15 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <optional>
+#include <thread>
 #include <string>
 #include <vector>
 
 #include "polytrain/swarm/butterfly.h"
+#include "polytrain/swarm/dht.h"
+#include "polytrain/swarm/record.h"
 #include "polytrain/swarm/progress.h"
 #include "polytrain/swarm/round_check.h"
 #include "polytrain/swarm/state.h"
@@ -165,6 +170,47 @@ TEST(DonorRefusal, AnEpochBeyondTheDonorsOwnIsRefusedWithoutASnapshot) {
   donor.announce(5);
   EXPECT_FALSE(hm::fetch_manifest(server.address(), 6, hm::after(5s)));
   EXPECT_EQ(calls.load(), 1);
+  server.stop();
+}
+
+// A swarm that steps faster than its progress records spread: the only donor's state is one
+// epoch past the vouched epoch the loader read. Nothing loads, and the report says why (the
+// epoch, the vouched one) and carries the donor's epoch, so the caller reads the vouched epoch
+// again and asks again; with the newer vouched epoch the state loads.
+TEST(DonorChoice, ADonorPastTheVouchedEpochIsReportedAsSuch) {
+  hm::DhtOptions o;
+  o.run_id = "ahead";
+  o.listen = "127.0.0.1:0";
+  std::array<uint8_t, 32> seed{};
+  seed.fill(51);
+  hm::DhtNode a(o, std::make_shared<hm::Identity>(hm::Identity::from_seed(seed)));
+  o.initial_peers = {a.address()};
+  seed.fill(52);
+  hm::DhtNode b(o, std::make_shared<hm::Identity>(hm::Identity::from_seed(seed)));
+  hm::Router router;
+  hm::Server server("127.0.0.1:0", router.handler());
+  hm::StateDonor donor(&a, router, "ahead_state", server.address());
+  donor.set_provider([] { return hm::StateSnapshot{6, std::string(5000, 'y'), {}}; });
+  donor.announce(6);
+  hm::DownloadOptions d;
+  d.timeout = 10s;
+  d.min_epoch = 4;
+  d.max_epoch = 5;
+  hm::DownloadReport rep;
+  std::optional<hm::StateSnapshot> got;
+  // The announcement may take a moment to be readable from b.
+  for (int i = 0; i < 20 && rep.newer_than_vouched < 0; ++i) {
+    got = hm::load_state_from_peers(b, "ahead_state", d, &rep);
+    if (rep.newer_than_vouched < 0) std::this_thread::sleep_for(200ms);
+  }
+  EXPECT_FALSE(got);
+  EXPECT_EQ(rep.newer_than_vouched, 6);
+  EXPECT_NE(rep.why_none.find("1 donor(s) at epoch 6 or later: beyond the swarm's vouched epoch 5"), std::string::npos) << rep.why_none;
+  d.max_epoch = 6;
+  got = hm::load_state_from_peers(b, "ahead_state", d, &rep);
+  ASSERT_TRUE(got) << rep.why_none;
+  EXPECT_EQ(got->epoch, 6);
+  EXPECT_EQ(rep.newer_than_vouched, -1);
   server.stop();
 }
 

@@ -122,10 +122,11 @@ class Monitor {
     int64_t newest = -1;
     for (const auto& r : dht_->fetch(o_.run_id + "_metrics", milliseconds(1000))) {
       if (r.kind != "metrics") continue;
-      if (auto m = hm::decode_metrics(r.payload)) {
-        swarm_.add(hm::to_hex(r.owner), *m, now);
-        newest = std::max(newest, m->step);
-      }
+      if (auto recent = hm::decode_metrics(r.payload))
+        for (const auto& m : *recent) {  // a peer's last steps: those a slower poll missed too
+          swarm_.add(hm::to_hex(r.owner), m, now);
+          newest = std::max(newest, m.step);
+        }
     }
     log(swarm_.take_final(now));
     // The download runs beside the polls (a step's records are read while it loads).

@@ -11,30 +11,51 @@
 
 namespace polytrain::hivemind {
 
-std::string encode_metrics(const StepMetrics& m) {
+std::string encode_metrics(const std::vector<StepMetrics>& recent) {
+  const size_t n = std::min(recent.size(), kMetricsHistory);
   msgpack::sbuffer buf;
   msgpack::packer<msgpack::sbuffer> pk(buf);
-  pk.pack_array(6);
-  pk.pack_int64(m.step);
-  pk.pack_double(m.loss);
-  pk.pack_int64(m.samples);
-  pk.pack_double(m.samples_per_second);
-  pk.pack_int64(m.mini_steps);
-  pk.pack_double(m.time);
+  pk.pack_array(2);
+  pk.pack_double(recent.empty() ? 0.0 : recent.back().time);
+  pk.pack_array(static_cast<uint32_t>(n));
+  for (size_t i = recent.size() - n; i < recent.size(); ++i) {
+    const StepMetrics& m = recent[i];
+    pk.pack_array(5);
+    pk.pack_int64(m.step);
+    pk.pack_double(m.loss);
+    pk.pack_int64(m.samples);
+    pk.pack_double(m.samples_per_second);
+    pk.pack_int64(m.mini_steps);
+  }
   return std::string(buf.data(), buf.size());
 }
 
-std::optional<StepMetrics> decode_metrics(const std::string& payload) {
+std::optional<std::vector<StepMetrics>> decode_metrics(const std::string& payload) {
   try {
-    msgpack::object_handle hold;
-    const msgpack::object* f = fields::array_of(payload, 6, hold);
-    if (!f) return std::nullopt;
+    if (!fields::bounded_msgpack(payload.data(), payload.size(), 3)) return std::nullopt;
+    const msgpack::object_handle hold = msgpack::unpack(payload.data(), payload.size());
+    const msgpack::object& o = hold.get();
+    if (o.type != msgpack::type::ARRAY || o.via.array.size != 2) return std::nullopt;
     using fields::as_int, fields::as_num;
-    StepMetrics m;
-    if (!as_int(f[0], m.step) || !as_num(f[1], m.loss, true) || !as_int(f[2], m.samples) ||
-        !as_num(f[3], m.samples_per_second, false) || !as_int(f[4], m.mini_steps) || !as_num(f[5], m.time, false))
+    double time = 0.0;
+    const msgpack::object& list = o.via.array.ptr[1];
+    if (!as_num(o.via.array.ptr[0], time, false) || list.type != msgpack::type::ARRAY || list.via.array.size == 0 ||
+        list.via.array.size > kMetricsHistory)
       return std::nullopt;
-    return m;
+    std::vector<StepMetrics> out;
+    for (uint32_t i = 0; i < list.via.array.size; ++i) {
+      const msgpack::object& e = list.via.array.ptr[i];
+      if (e.type != msgpack::type::ARRAY || e.via.array.size != 5) return std::nullopt;
+      const msgpack::object* f = e.via.array.ptr;
+      StepMetrics m;
+      m.time = time;
+      if (!as_int(f[0], m.step) || !as_num(f[1], m.loss, true) || !as_int(f[2], m.samples) ||
+          !as_num(f[3], m.samples_per_second, false) || !as_int(f[4], m.mini_steps))
+        return std::nullopt;
+      if (!out.empty() && m.step <= out.back().step) return std::nullopt;
+      out.push_back(m);
+    }
+    return out;
   } catch (const std::exception&) {
     return std::nullopt;
   }
@@ -57,7 +78,11 @@ MetricsPublisher::~MetricsPublisher() {
 void MetricsPublisher::post(const StepMetrics& m) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    pending_ = m;
+    // Steps only grow: a step posted again (or an older one) replaces what follows it.
+    while (!recent_.empty() && recent_.back().step >= m.step) recent_.pop_back();
+    recent_.push_back(m);
+    if (recent_.size() > kMetricsHistory) recent_.erase(recent_.begin());
+    pending_ = true;
   }
   cv_.notify_all();
 }
@@ -70,13 +95,13 @@ uint64_t MetricsPublisher::published() const {
 void MetricsPublisher::loop() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    cv_.wait(lock, [&] { return stop_ || pending_.has_value(); });
+    cv_.wait(lock, [&] { return stop_ || pending_; });
     if (!pending_) return;  // stopping; a record still pending (the run's last step) goes first
-    StepMetrics m = *pending_;
-    pending_.reset();
+    std::vector<StepMetrics> recent = recent_;
+    pending_ = false;
     lock.unlock();
-    m.time = unix_seconds();
-    const bool ok = dht_.store(key_, "metrics", encode_metrics(m), ttl_, std::chrono::seconds(1));
+    recent.back().time = unix_seconds();
+    const bool ok = dht_.store(key_, "metrics", encode_metrics(recent), ttl_, std::chrono::seconds(1));
     lock.lock();
     published_ += ok;
   }

@@ -2,11 +2,13 @@
 // monitor), no torch.
 //
 // After each global step a trainer peer publishes one `metrics` record under
-// `{run_id}_metrics` (its slot: a newer record replaces the older): the step it completed, the
-// mean loss over its own samples of that step, its samples, its throughput and micro-batches.
-// A monitor polls the key, gathers the records of each step as they appear and, once the step
-// is over, logs the swarm's view of it: the sample-weighted loss (the loss of the global
-// batch), the peers that took part, their samples and summed samples/s.
+// `{run_id}_metrics` (its slot: a newer record replaces the older). The record holds the peer's
+// last kMetricsHistory steps, each with the step it completed, the mean loss over its own
+// samples of that step, its samples, its throughput and micro-batches: a monitor that polls
+// less often than the swarm steps (or a publisher whose store took longer than a step) still
+// sees every step. A monitor polls the key, gathers the records of each step as they appear and,
+// once the step is over, logs the swarm's view of it: the sample-weighted loss (the loss of
+// the global batch), the peers that took part, their samples and summed samples/s.
 #pragma once
 
 #include <chrono>
@@ -32,12 +34,17 @@ struct StepMetrics {
   int64_t mini_steps = 0;           ///< its micro-batches
   double time = 0.0;                ///< Unix seconds when published
 };
-std::string encode_metrics(const StepMetrics& m);
-/// nullopt for anything but a well-formed metrics payload (finite numbers, counts >= 0).
-std::optional<StepMetrics> decode_metrics(const std::string& payload);
+/// Steps one record carries (the newest last); 8 fit the DHT's payload limit with room to spare.
+constexpr size_t kMetricsHistory = 8;
+/// One record: [time, [[step, loss, samples, samples/s, micro-batches], ...]], the time of the
+/// newest entry; at most kMetricsHistory entries (the newest are kept).
+std::string encode_metrics(const std::vector<StepMetrics>& recent);
+/// nullopt for anything but a well-formed metrics payload (1 to kMetricsHistory entries,
+/// steps increasing, finite numbers, counts >= 0). Every entry gets the record's time.
+std::optional<std::vector<StepMetrics>> decode_metrics(const std::string& payload);
 
 /// Publishes a peer's metrics from a thread of its own, so a step never waits for the DHT:
-/// post() replaces what is not yet sent (only the newest matters).
+/// post() adds a step to the history, and the loop stores the newest history.
 class MetricsPublisher {
  public:
   MetricsPublisher(DhtNode& dht, std::string key, std::chrono::milliseconds ttl);
@@ -52,7 +59,8 @@ class MetricsPublisher {
   std::chrono::milliseconds ttl_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::optional<StepMetrics> pending_;
+  std::vector<StepMetrics> recent_;  ///< the last kMetricsHistory steps posted
+  bool pending_ = false;             ///< a step posted since the last store
   bool stop_ = false;
   uint64_t published_ = 0;
   std::thread thread_;

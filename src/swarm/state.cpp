@@ -603,7 +603,15 @@ std::optional<StateSnapshot> load_state_from_peers(DhtNode& dht, const std::stri
   // Donors announcing an epoch beyond the vouched one could serve nothing we load (their
   // manifest is at least that new): they are not asked, so that records forged far ahead cannot
   // fill the manifest slots below and crowd out the honest donors.
-  announced.erase(std::remove_if(announced.begin(), announced.end(), [&](const DonorInfo& d) { return d.epoch > o.max_epoch; }),
+  int64_t newer = -1;  // the oldest epoch past max_epoch a donor announced or answered with
+  size_t ahead = 0;
+  auto note_ahead = [&](int64_t epoch) {
+    if (epoch <= o.max_epoch) return false;
+    newer = newer < 0 ? epoch : std::min(newer, epoch);
+    ++ahead;
+    return true;
+  };
+  announced.erase(std::remove_if(announced.begin(), announced.end(), [&](const DonorInfo& d) { return note_ahead(d.epoch); }),
                   announced.end());
   // Newest first; among equals a random order (newcomers spread over the donors).
   std::mt19937_64 rng(o.seed ? o.seed : std::random_device{}());
@@ -644,6 +652,14 @@ std::optional<StateSnapshot> load_state_from_peers(DhtNode& dht, const std::stri
   auto got = download_state(chosen, rest, &rep, behind);
   rep.donors_failed.insert(rep.donors_failed.begin(), failed.begin(), failed.end());
   if (!got && announced.empty()) rep.why_none = "no state donor at epoch " + std::to_string(o.min_epoch) + " or later announced itself";
+  if (!got && chosen.empty()) {
+    for (const auto& d : candidates) note_ahead(d.epoch);
+    if (newer >= 0) {
+      rep.newer_than_vouched = newer;
+      rep.why_none = std::to_string(ahead) + " donor(s) at epoch " + std::to_string(newer) +
+                     " or later: beyond the swarm's vouched epoch " + std::to_string(o.max_epoch);
+    }
+  }
   return got;
 }
 

@@ -151,6 +151,9 @@ struct DownloadReport {
   uint64_t bytes = 0;
   double seconds = 0.0;
   std::string why_none;  ///< when nothing was returned
+  /// When nothing was returned because every donor's state is newer than o.max_epoch (the
+  /// swarm moved on after the caller read its vouched epoch): the oldest such epoch, else -1.
+  int64_t newer_than_vouched = -1;
 };
 
 /// Chooses the donors to load from: among the states (epoch, digest, size) at an epoch in

@@ -338,17 +338,30 @@ bool HivemindBackend::reload_from_peers(const std::string& why) {
   o.request_timeout = ms(h_.request_timeout);
   o.next_chunk_timeout = ms(h_.next_chunk_timeout);
   o.min_epoch = epoch_ + 1;
-  // Never a state at an epoch the swarm does not vouch for (a peer's claim alone).
-  o.max_epoch = tracker_->global(false).epoch;
   // A state is this model's parameters and at most a few copies more (optimizer moments).
   int64_t n = 0;
   for (const auto& p : params_) n += p.numel();
   o.max_bytes = static_cast<uint64_t>(n) * 4 * 8 + (uint64_t{64} << 20);
+  const auto until = std::chrono::steady_clock::now() + o.timeout;
   hm::DownloadReport rep;
-  const auto s = hm::load_state_from_peers(*dht_, h_.run_id + "_state", o, &rep);
+  std::optional<hm::StateSnapshot> s;
+  for (;;) {
+    // Never a state at an epoch the swarm does not vouch for (a peer's claim alone): the
+    // vouched epoch as of now. Donors answer with their state of the moment, which in a swarm
+    // that steps faster than its progress records spread can be past what this peer read: it
+    // reads again and asks again while the load's time lasts (not for an epoch beyond what the
+    // swarm's throughput can have reached: a forged one).
+    const auto g = tracker_->global(true);
+    o.max_epoch = g.epoch;
+    o.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+    if (o.timeout.count() <= 0) break;
+    s = hm::load_state_from_peers(*dht_, h_.run_id + "_state", o, &rep);
+    if (s || rep.newer_than_vouched < 0 || rep.newer_than_vouched > g.reachable) break;
+  }
   for (const auto& f : rep.donors_failed) std::fprintf(stderr, "hivemind: state donor %s\n", f.c_str());
   if (!s) {
-    std::fprintf(stderr, "hivemind: %s, but could not load the swarm's state: %s\n", why.c_str(), rep.why_none.c_str());
+    std::fprintf(stderr, "hivemind: %s, but could not load the swarm's state: %s\n", why.c_str(),
+                 rep.why_none.empty() ? "the load's time ran out" : rep.why_none.c_str());
     return false;
   }
   const int64_t before = epoch_;
