@@ -348,7 +348,7 @@ struct TpRun {
   bool resume = false;
   bool amp_o2 = false;  // amp O2 in bf16 (bf16 weights, fp32 master weights)
   int zero = 0;         // zero_optimization.stage over the data-parallel group
-  bool offload = false; // zero_optimization.offload_optimizer to the CPU
+  bool offload = false; // zero_optimization.offload_optimizer to the CPU (and offload_param at stage 3)
   bool bf16 = false;    // bf16.enabled (autocast; fp32 weights and optimizer state)
   const char* env = nullptr;  // another env_type than tp's (e.g. deepspeed at tp 0)
 };
@@ -374,6 +374,11 @@ Config run_config(const fs::path& dir, const TpRun& r) {
   if (r.amp_o2) doc["amp"] = {{"enabled", true}, {"opt_level", "O2"}, {"dtype", "bfloat16"}};
   if (r.zero > 0 || r.offload)
     doc["zero_optimization"] = {{"stage", r.zero}, {"offload_optimizer", {{"device", r.offload ? "cpu" : "none"}}}};
+  // Stage 3 with every parameter partitioned (these models' parameters are all below
+  // DeepSpeed's default persistence threshold of 1e5 elements); its offload moves the
+  // parameter partitions to the CPU too.
+  if (r.zero == 3) doc["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
+  if (r.zero == 3 && r.offload) doc["zero_optimization"]["offload_param"] = {{"device", "cpu"}};
   if (r.bf16) doc["bf16"] = {{"enabled", true}};
   return config_from_json(doc, "test", r.world);
 }
@@ -438,6 +443,16 @@ void expect_same_run(const fs::path& a, const fs::path& b, double tol, const std
   }
 }
 
+// Trains one process and each of `runs`; each follows the one process within 1e-5.
+void expect_runs_follow_one_process(const std::string& family, const std::string& tag,
+                                    const std::vector<std::pair<std::string, TpRun>>& runs) {
+  TempDir tmp(tag);
+  train(family, tmp.path / "one", TpRun{1, 0});
+  for (size_t i = 0; i < runs.size(); ++i) train(family, tmp.path / std::to_string(i), runs[i].second);
+  for (size_t i = 0; i < runs.size(); ++i)
+    expect_same_run(tmp.path / "one", tmp.path / std::to_string(i), 1e-5, family + " " + runs[i].first);
+}
+
 }  // namespace
 
 class TpContract : public ::testing::TestWithParam<std::string> {};
@@ -446,20 +461,56 @@ class TpContract : public ::testing::TestWithParam<std::string> {};
 // the optimizer offloaded to the CPU (the TP transform, then ZeRO over the dp group: FlagAI's
 // deepspeed+mpu) against one process.
 TEST_P(TpContract, Tp2Dp1Tp2Dp2AndTp2Dp2Zero2OffloadReproduceOneProcessOver30Steps) {
-  const std::string family = GetParam();
-  TempDir tmp("tp_contract");
-  const fs::path one = tmp.path / "one", tp2 = tmp.path / "tp2", tp2dp2 = tmp.path / "tp2dp2",
-                 zero2 = tmp.path / "tp2dp2_zero2_offload";
-  train(family, one, TpRun{1, 0});
-  train(family, tp2, TpRun{2, 2});
-  train(family, tp2dp2, TpRun{4, 2});
   TpRun z{4, 2};
   z.zero = 2;
   z.offload = true;
-  train(family, zero2, z);
-  expect_same_run(one, tp2, 1e-5, family + " tp2 x dp1");
-  expect_same_run(one, tp2dp2, 1e-5, family + " tp2 x dp2");
-  expect_same_run(one, zero2, 1e-5, family + " tp2 x dp2 ZeRO-2 + offload_optimizer");
+  expect_runs_follow_one_process(GetParam(), "tp_contract",
+                                 {{"tp2 x dp1", TpRun{2, 2}}, {"tp2 x dp2", TpRun{4, 2}},
+                                  {"tp2 x dp2 ZeRO-2 + offload_optimizer", z}});
+}
+
+// ZeRO stage 3 (every layer's parameters partitioned: the persistence threshold at 0) against
+// one process: at 2 ranks; at 4 ranks with the parameters and the optimizer offloaded to the
+// CPU; and TP 2 x DP 2 (each TP part partitioned over its dp group).
+TEST_P(TpContract, Zero3AtDp2Dp4OffloadAndTp2Dp2ReproducesOneProcessOver30Steps) {
+  TpRun dp2{2, 0}, dp4{4, 0}, tp2dp2{4, 2};
+  dp2.env = dp4.env = "deepspeed";
+  dp2.zero = dp4.zero = tp2dp2.zero = 3;
+  dp4.offload = true;
+  expect_runs_follow_one_process(GetParam(), "zero3_contract",
+                                 {{"ZeRO-3 at dp 2", dp2}, {"ZeRO-3 at dp 4 + offload_param + offload_optimizer", dp4},
+                                  {"tp2 x dp2 ZeRO-3", tp2dp2}});
+}
+
+// ZeRO-3 in bf16 (bf16 parameters, fp32 masters) at 2 ranks against ZeRO-2 in bf16 at 2 ranks:
+// the same reductions of the same bf16 gradients, so the same losses and weights bit for bit
+// (the gathers move the parameters, they change no value); and against one process in bf16
+// within bf16 rounding (the two ranks' gradients are summed in another order).
+TEST_P(TpContract, Zero3InBf16EqualsZero2AtTheSameRanksBitForBit) {
+  const std::string family = GetParam();
+  TempDir tmp("zero3_bf16");
+  const fs::path one = tmp.path / "one", z2 = tmp.path / "zero2", z3 = tmp.path / "zero3";
+  TpRun r{1, 0};
+  r.env = "deepspeed";
+  r.zero = 2;
+  r.bf16 = true;
+  train(family, one, r);
+  r.world = 2;
+  train(family, z2, r);
+  r.zero = 3;
+  train(family, z3, r);
+  const auto l2 = losses(z2), l3 = losses(z3), l1 = losses(one);
+  ASSERT_EQ(l2.size(), l3.size());
+  for (size_t i = 0; i < l2.size(); ++i) EXPECT_EQ(l2[i], l3[i]) << family << " step " << i + 1;
+  std::map<std::string, at::Tensor> w2;
+  for (auto& [name, t] : load_safetensors((z2 / "model.safetensors").string())) w2[name] = t;
+  for (auto& [name, t] : load_safetensors((z3 / "model.safetensors").string()))
+    EXPECT_TRUE(torch::equal(t, w2.at(name))) << family << ": " << name;
+  double worst = 0;
+  for (size_t i = 0; i < l1.size(); ++i) worst = std::max(worst, std::abs(l3[i] / l1[i] - 1));
+  std::printf("[zero3] %s bf16 at 2 ranks vs one process: worst relative loss difference %.3g\n", family.c_str(), worst);
+  EXPECT_LT(worst, 0.01);
+  EXPECT_LT(l3.back(), l3.front());
 }
 
 // GPT-2 with bf16 autocast and ZeRO-1 at TP 2 x DP 2 against ZeRO-1 in one process: the same
@@ -675,6 +726,24 @@ std::vector<Layout> checkpoint_layouts() {
           {"TP2xDP2 ZeRO-2", make(4, 2, "deepspeed+mpu", 2, false)}};
 }
 
+// Resumes `run` from the checkpoint in `saved` into `resumed` up to step `total`; the worst
+// relative difference of the resumed steps' losses from `ref` (the uninterrupted run's), or
+// infinity when the resumed run has not the expected number of steps.
+double resumed_worst(const fs::path& saved, const fs::path& resumed, TpRun run, int64_t total, int64_t saved_at,
+                     const std::vector<double>& ref) {
+  run.steps = total;
+  train("gpt2", resumed, run, [&](Config& c) {
+    c.trainer.load_dir = (saved / "ckpt").string();
+    c.trainer.save_dir = (resumed / "ckpt").string();
+  });
+  const auto got = losses(resumed);
+  EXPECT_EQ(got.size(), static_cast<size_t>(total - saved_at));
+  if (got.size() != static_cast<size_t>(total - saved_at)) return std::numeric_limits<double>::infinity();
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] / ref[saved_at + i] - 1));
+  return worst;
+}
+
 }  // namespace
 
 // A checkpoint saved at step 3 by each layout resumes under each layout (36 pairs) and the
@@ -702,17 +771,8 @@ TEST(UniversalCheckpoint, EveryLayoutResumesEveryOtherOnTheUninterruptedCurve) {
     table += std::string("  ") + layouts[s].label;
     for (size_t r = 0; r < layouts.size(); ++r) {
       SCOPED_TRACE(std::string(layouts[s].label) + " -> " + layouts[r].label);
-      const fs::path resumed = tmp.path / ("resumed_" + std::to_string(s) + "_" + std::to_string(r));
-      TpRun run = layouts[r].run;
-      run.steps = total;
-      train("gpt2", resumed, run, [&](Config& c) {
-        c.trainer.load_dir = (saved / "ckpt").string();
-        c.trainer.save_dir = (resumed / "ckpt").string();
-      });
-      const auto got = losses(resumed);
-      ASSERT_EQ(got.size(), static_cast<size_t>(total - saved_at));
-      double worst = 0;
-      for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] / ref[saved_at + i] - 1));
+      const double worst = resumed_worst(saved, tmp.path / ("resumed_" + std::to_string(s) + "_" + std::to_string(r)),
+                                         layouts[r].run, total, saved_at, ref);
       EXPECT_LE(worst, 1e-5);
       worst_all = std::max(worst_all, worst);
       char cell[32];
@@ -722,6 +782,40 @@ TEST(UniversalCheckpoint, EveryLayoutResumesEveryOtherOnTheUninterruptedCurve) {
     table += "\n";
   }
   std::printf("%s[universal] worst of all 36: %.2e\n", table.c_str(), worst_all);
+}
+
+// ZeRO-3 checkpoints in the universal layout: saved at step 3 by ZeRO-3 at 2 ranks, resumed in
+// one process, by ZeRO-2 + offload at 4 ranks and by ZeRO-3 itself; and a ZeRO-1 checkpoint
+// resumed by ZeRO-3 at 4 ranks with offload_param: steps 4-6 follow the uninterrupted run.
+TEST(UniversalCheckpoint, Zero3SavesAndResumesAcrossLayoutsOnTheUninterruptedCurve) {
+  TempDir tmp("universal_zero3");
+  const int64_t total = 6, saved_at = 3;
+  train("gpt2", tmp.path / "reference", TpRun{1, 0, total});
+  const auto ref = losses(tmp.path / "reference");
+  auto make = [](int world, const char* env, int zero, bool offload) {
+    TpRun r{world, 1};
+    r.env = env, r.zero = zero, r.offload = offload;
+    return r;
+  };
+  const TpRun zero3 = make(2, "deepspeed", 3, false), zero1 = make(2, "deepspeed", 1, false);
+  const std::vector<std::pair<TpRun, std::vector<std::pair<const char*, TpRun>>>> pairs = {
+      {zero3, {{"pytorch", make(1, "pytorch", 0, false)}, {"ZeRO-2+offload x4", make(4, "deepspeed", 2, true)},
+               {"ZeRO-3 x2", zero3}}},
+      {zero1, {{"ZeRO-3+offload_param x4", make(4, "deepspeed", 3, true)}}}};
+  for (size_t s = 0; s < pairs.size(); ++s) {
+    const fs::path saved = tmp.path / ("saved_" + std::to_string(s));
+    TpRun save = pairs[s].first;
+    save.steps = saved_at, save.save_interval = saved_at;
+    train("gpt2", saved, save);
+    for (size_t r = 0; r < pairs[s].second.size(); ++r) {
+      const auto& [label, resume] = pairs[s].second[r];
+      SCOPED_TRACE(std::string(s == 0 ? "ZeRO-3 x2" : "ZeRO-1 x2") + " -> " + label);
+      const double worst = resumed_worst(saved, tmp.path / ("resumed_" + std::to_string(s) + "_" + std::to_string(r)),
+                                         resume, total, saved_at, ref);
+      std::printf("[universal] %s: worst relative loss difference of steps 4-6 %.2e\n", label, worst);
+      EXPECT_LE(worst, 1e-5);
+    }
+  }
 }
 
 // The whole optimizer state of a TP 2 x DP 2 ZeRO-2 checkpoint put back together equals the
@@ -870,9 +964,6 @@ TEST(TpErrors, HeadsNotDivisibleByTheTensorParallelSize) {
 
 TEST(TpErrors, ModelWithoutAPlan) { expect_input_error(2, 2, "mlp", "has no tensor-parallel plan"); }
 
-TEST(TpErrors, ZeroStage3IsNotBuiltYet) {
-  expect_input_error(2, 2, "gpt2", "zero_optimization.stage 3", [](Config& c) { c.zero_optimization.stage = 3; });
-}
 
 TEST(TpErrors, ModelParallelSizeMustDivideTheWorld) {
   TempDir tmp("tp_error");

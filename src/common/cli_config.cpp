@@ -164,10 +164,13 @@ void add_parallel_flags(CLI::App& app, ConfigFlags& flags) {
                      "tensor-parallel size (world = model_parallel_size x data-parallel size)")
       ->default_str(shown(d.model_parallel_size))->group(kParallelGroup);
   add_value<int64_t>(app, flags, "--zero_stage", {"zero_optimization", "stage"},
-                     "ZeRO stage 0, 1 or 2 for env_type deepspeed (zero_optimization.stage)")
+                     "ZeRO stage 0, 1, 2 or 3 for env_type deepspeed and deepspeed+mpu (zero_optimization.stage)")
       ->default_str("0")->group(kParallelGroup);
   add_value<std::string>(app, flags, "--offload_optimizer", {"zero_optimization", "offload_optimizer", "device"},
                          "cpu or none: ZeRO-Offload (zero_optimization.offload_optimizer.device)")
+      ->default_str("none")->group(kParallelGroup);
+  add_value<std::string>(app, flags, "--offload_param", {"zero_optimization", "offload_param", "device"},
+                         "cpu or none: stage 3's parameter partitions in CPU memory (zero_optimization.offload_param.device)")
       ->default_str("none")->group(kParallelGroup);
   add_switch(app, flags, "--fault_tolerance", {"trainer", "fault_tolerance", "enabled"}, true,
              "pytorchDDP over Gloo survives lost ranks: the others regroup and redo the step over the same global "

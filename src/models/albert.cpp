@@ -13,6 +13,7 @@
 #include "polytrain/models/fused_lm_loss.h"
 #include "polytrain/models/hf_config.h"
 #include "polytrain/models/hf_layers.h"
+#include "polytrain/models/layer_params.h"
 #include "polytrain/models/hf_pretrained.h"
 
 namespace polytrain {
@@ -115,9 +116,9 @@ at::Tensor AlbertTransformerImpl::forward(const at::Tensor& embeddings, const at
       auto* layer = m->as<AlbertLayerImpl>();
       // A shared layer is checkpointed per application: each use keeps only its own input.
       if (checkpoint_layers && is_training())
-        x = checkpointed([layer, additive_mask](const at::Tensor& h) { return layer->forward(h, additive_mask); }, x);
+        x = checkpointed([layer, additive_mask](const at::Tensor& h) { return in_layer(*layer, [&] { return layer->forward(h, additive_mask); }); }, x);
       else
-        x = layer->forward(x, additive_mask);
+        x = in_layer(*layer, [&] { return layer->forward(x, additive_mask); });
     }
   }
   return x;

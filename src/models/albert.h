@@ -14,6 +14,7 @@
 #include <torch/nn/modules/normalization.h>
 
 #include "polytrain/models/activation_checkpoint.h"
+#include "polytrain/models/layer_params.h"
 #include "polytrain/models/albert_config.h"
 #include "polytrain/models/model_output.h"
 #include "polytrain/models/tp_layers.h"
@@ -49,7 +50,7 @@ struct AlbertAttentionImpl : torch::nn::Module {
 TORCH_MODULE(AlbertAttention);
 
 /// Attention, then ffn -> activation -> ffn_output, residual and full_layer_layer_norm.
-struct AlbertLayerImpl : torch::nn::Module {
+struct AlbertLayerImpl : torch::nn::Module, LayerUnit {
   explicit AlbertLayerImpl(const AlbertConfig& cfg);
   at::Tensor forward(const at::Tensor& x, const at::Tensor& additive_mask);
   torch::nn::LayerNorm full_layer_layer_norm{nullptr};

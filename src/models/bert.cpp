@@ -13,6 +13,7 @@
 #include "polytrain/models/activation_checkpoint.h"
 #include "polytrain/models/fused_lm_loss.h"
 #include "polytrain/models/hf_layers.h"
+#include "polytrain/models/layer_params.h"
 #include "polytrain/models/hf_pretrained.h"
 
 namespace polytrain {
@@ -135,9 +136,9 @@ at::Tensor BertEncoderImpl::forward(at::Tensor x, const at::Tensor& additive_mas
   for (const auto& m : *layer) {
     auto* l = m->as<BertLayer>();
     if (checkpoint_layers && is_training())
-      x = checkpointed([l, additive_mask](const at::Tensor& h) { return l->forward(h, additive_mask); }, x);
+      x = checkpointed([l, additive_mask](const at::Tensor& h) { return in_layer(*l, [&] { return l->forward(h, additive_mask); }); }, x);
     else
-      x = l->forward(x, additive_mask);
+      x = in_layer(*l, [&] { return l->forward(x, additive_mask); });
   }
   return x;
 }

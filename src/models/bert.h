@@ -14,6 +14,7 @@
 #include "polytrain/common/config.h"
 #include "polytrain/models/bert_config.h"
 #include "polytrain/models/activation_checkpoint.h"
+#include "polytrain/models/layer_params.h"
 #include "polytrain/models/attention.h"
 #include "polytrain/models/model_output.h"
 #include "polytrain/models/tp_layers.h"
@@ -72,7 +73,7 @@ struct BertIntermediateImpl : torch::nn::Module {
 TORCH_MODULE(BertIntermediate);
 
 /// One transformer block: the unit activation checkpointing and tensor parallelism act on.
-struct BertLayerImpl : torch::nn::Module {
+struct BertLayerImpl : torch::nn::Module, LayerUnit {
   explicit BertLayerImpl(const ModelConfig& cfg);
   at::Tensor forward(const at::Tensor& x, const at::Tensor& additive_mask);
   BertAttention attention{nullptr};

@@ -10,6 +10,7 @@
 #include "polytrain/models/fused_lm_loss.h"
 #include "polytrain/models/hf_config.h"
 #include "polytrain/models/hf_layers.h"
+#include "polytrain/models/layer_params.h"
 #include "polytrain/models/hf_pretrained.h"
 #include "polytrain/ops/cuda_ops.h"
 #include "polytrain/common/autocast.h"
@@ -124,14 +125,12 @@ at::Tensor Gpt2ModelImpl::forward(const at::Tensor& input_ids, const at::Tensor&
   if (attention_mask.defined())
     masked = masked.logical_or(attention_mask.eq(0).view({attention_mask.size(0), 1, 1, len}));
   if (x.is_cuda() && x.scalar_type() == torch::kFloat && cuda_ops::available() && x.size(-1) <= 8192 &&
-      !(checkpoint_blocks && is_training()) && h->size() > 0)
+      !(checkpoint_blocks && is_training()) && h->size() > 0 && !has_layer_params(*h->ptr(0)))
     return fused_blocks(x, masked);
   for (const auto& m : *h) {
     auto* block = m->as<Gpt2Block>();
-    if (checkpoint_blocks && is_training())
-      x = checkpointed([block, masked](const at::Tensor& t) { return block->forward(t, masked); }, x);
-    else
-      x = block->forward(x, masked);
+    auto run = [block, masked](const at::Tensor& t) { return in_layer(*block, [&] { return block->forward(t, masked); }); };
+    x = checkpoint_blocks && is_training() ? checkpointed(run, x) : run(x);
   }
   return norm(ln_f, x);
 }

@@ -12,6 +12,7 @@
 #include <torch/nn/modules/normalization.h>
 
 #include "polytrain/models/activation_checkpoint.h"
+#include "polytrain/models/layer_params.h"
 #include "polytrain/models/attention.h"
 #include "polytrain/models/gpt2_config.h"
 #include "polytrain/models/model_output.h"
@@ -55,7 +56,7 @@ struct Gpt2MlpImpl : torch::nn::Module {
 TORCH_MODULE(Gpt2Mlp);
 
 /// Pre-LayerNorm block: x + attn(ln_1(x)), then + mlp(ln_2(.)). The checkpointing unit.
-struct Gpt2BlockImpl : torch::nn::Module {
+struct Gpt2BlockImpl : torch::nn::Module, LayerUnit {
   Gpt2BlockImpl(const Gpt2Config& cfg, int64_t layer_idx);
   at::Tensor forward(const at::Tensor& x, const at::Tensor& masked);
   torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};

@@ -13,6 +13,7 @@
 #include "polytrain/common/autocast.h"
 #include "polytrain/common/error.h"
 #include "polytrain/models/hf_layers.h"
+#include "polytrain/models/layer_params.h"
 #include "polytrain/models/hf_pretrained.h"
 #include "polytrain/ops/cuda_ops.h"
 #include "polytrain/checkpoint/safetensors.h"
@@ -213,7 +214,7 @@ at::Tensor T5StackImpl::forward(const at::Tensor& embeds, const at::Tensor& self
   // before the blocks, is the same tensor and keeps it one input of each checkpointed block.
   const int64_t len = embeds.size(1);
   auto* first = block->ptr<T5BlockImpl>(0)->self_attention->attention.get();
-  at::Tensor self_bias = first->compute_bias(len, len);
+  at::Tensor self_bias = in_layer(*block->ptr(0), [&] { return first->compute_bias(len, len); });
   if (self_mask.defined()) self_bias = self_bias + self_mask;
   const bool checkpoint = checkpoint_blocks && is_training();
   for (const auto& m : *block) {
@@ -223,10 +224,13 @@ at::Tensor T5StackImpl::forward(const at::Tensor& embeds, const at::Tensor& self
     // checkpointed block produces them in, which keeps checkpointed gradients bit-identical.
     const at::Tensor enc_view = enc.defined() ? enc.view_as(enc) : enc;
     if (checkpoint) {
-      x = checkpointed([blk, enc_mask](const std::vector<at::Tensor>& in) { return blk->forward(in[0], in[1], in[2], enc_mask); },
-                       {x, self_bias, enc_view});
+      x = checkpointed(
+          [blk, enc_mask](const std::vector<at::Tensor>& in) {
+            return in_layer(*blk, [&] { return blk->forward(in[0], in[1], in[2], enc_mask); });
+          },
+          {x, self_bias, enc_view});
     } else {
-      x = blk->forward(x, self_bias, enc_view, enc_mask);
+      x = in_layer(*blk, [&] { return blk->forward(x, self_bias, enc_view, enc_mask); });
     }
   }
   return dropout(final_layer_norm(x));

@@ -11,6 +11,7 @@
 #include <torch/nn/modules/linear.h>
 
 #include "polytrain/models/activation_checkpoint.h"
+#include "polytrain/models/layer_params.h"
 #include "polytrain/models/attention.h"
 #include "polytrain/models/model_output.h"
 #include "polytrain/models/t5_config.h"
@@ -77,7 +78,7 @@ TORCH_MODULE(T5LayerFF);
 
 /// One block (HF T5Block): layer.0 self-attention, [decoder: layer.1 cross-attention], last FF.
 /// The unit activation checkpointing recomputes.
-struct T5BlockImpl : torch::nn::Module {
+struct T5BlockImpl : torch::nn::Module, LayerUnit {
   T5BlockImpl(const T5Config& cfg, bool is_decoder, bool has_relative_attention_bias);
   /// self_bias: position bias + self-attention mask; enc / enc_bias: encoder output and its
   /// padding mask (decoder only).

@@ -191,6 +191,10 @@ class Backend {
   /// After training: leaves the whole model in `model` on every rank (collective; a backend
   /// that splits the model gathers it back in place, so the model is a plain one again).
   virtual void release_model(torch::nn::Module& model) {}
+  /// Around an evaluation (forwards only, as many as this rank's share of the eval batches):
+  /// a backend that partitions parameters holds them whole in between.
+  virtual void begin_eval() {}
+  virtual void end_eval() {}
 
   /// This rank's own state (optimizer partitions, ...) for its shard of a checkpoint. Every
   /// rank calls save_shard when writes_shard(); a backend whose ranks hold identical state

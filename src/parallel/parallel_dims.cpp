@@ -55,16 +55,16 @@ ParallelDims resolve_parallel_dims(const Config& cfg, int64_t world) {
   } else if (zero_preset) {
     d.tp = t.model_parallel_size;
     d.zero_stage = z.stage;
-    PT_INPUT_CHECK(z.stage >= 0 && z.stage <= 2, "zero_optimization.stage ", z.stage,
-                   z.stage == 3 ? " (parameter partitioning) is not available in this build yet; use stage 0, 1 or 2"
-                                : " is not a ZeRO stage (0, 1, 2)");
+    PT_INPUT_CHECK(z.stage >= 0 && z.stage <= 3, "zero_optimization.stage ", z.stage, " is not a ZeRO stage (0, 1, 2, 3)");
     PT_INPUT_CHECK(z.offload_optimizer.device != "nvme", "zero_optimization.offload_optimizer.device 'nvme' is not "
                                                          "available in this build; use 'cpu' or 'none'");
     d.offload_optimizer = z.offload_optimizer.device == "cpu";
-    PT_INPUT_CHECK(!d.offload_optimizer || z.stage >= 1, "zero_optimization.offload_optimizer needs stage 1 or 2, got stage ",
+    PT_INPUT_CHECK(!d.offload_optimizer || z.stage >= 1, "zero_optimization.offload_optimizer needs stage 1, 2 or 3, got stage ",
                    z.stage);
-    PT_INPUT_CHECK(z.offload_param.device == "none", "zero_optimization.offload_param needs stage 3, which is not "
-                                                     "available in this build yet");
+    PT_INPUT_CHECK(z.offload_param.device != "nvme", "zero_optimization.offload_param.device 'nvme' is not available in "
+                                                     "this build; use 'cpu' or 'none'");
+    PT_INPUT_CHECK(z.offload_param.device == "none" || z.stage == 3, "zero_optimization.offload_param needs stage 3, got stage ",
+                   z.stage);
     // deepspeed+mpu at stage 0 is Megatron's own data parallelism (bucketed all-reduce of each
     // rank's parts); from stage 1 the optimizer state is partitioned over the dp group.
     d.strategy = t.env_type == "deepspeed+mpu" && z.stage == 0 ? DpStrategy::kReplicate : DpStrategy::kZero;

@@ -29,10 +29,13 @@ std::string run_summary_line(const RunFacts& f) {
   line += f.swarm ? "grid: swarm (target_batch_size " + std::to_string(f.global_batch) + ")"
                   : "world " + std::to_string(c.world_size) + " = tp " + std::to_string(c.tp_size) + " x pp " +
                         std::to_string(c.pp_size) + " x dp " + std::to_string(c.dp_size);
-  if (f.zero_stage >= 0)
+  if (f.zero_stage >= 0) {
+    const bool opt = !(f.offload_optimizer == "none" || f.offload_optimizer.empty());
+    const bool par = f.zero_stage == 3 && !(f.offload_param == "none" || f.offload_param.empty());
     line += " | ZeRO stage " + std::to_string(f.zero_stage) +
-            (f.offload_optimizer == "none" || f.offload_optimizer.empty() ? ", no offload"
-                                                                          : ", offload_optimizer " + f.offload_optimizer);
+            (!opt && !par ? ", no offload" : "") + (opt ? ", offload_optimizer " + f.offload_optimizer : "") +
+            (par ? ", offload_param " + f.offload_param : "");
+  }
   line += " | comm " + f.comm + " | " + human_count(static_cast<double>(f.parameters)) + " parameters";
   if (f.tokens_per_sample > 0)
     line += " | " + std::to_string(f.global_batch * f.tokens_per_sample) + " tokens/step (" +
@@ -47,7 +50,9 @@ nlohmann::json run_summary_record(const RunFacts& f, int64_t step) {
           {"run",
            {{"env_type", f.env_type}, {"world", c.world_size}, {"tp", c.tp_size}, {"pp", c.pp_size}, {"dp", c.dp_size},
             {"zero_stage", f.zero_stage < 0 ? 0 : f.zero_stage},
-            {"offload_optimizer", f.zero_stage < 0 ? std::string("none") : f.offload_optimizer}, {"comm", f.comm},
+            {"offload_optimizer", f.zero_stage < 0 ? std::string("none") : f.offload_optimizer},
+            {"offload_param", f.zero_stage == 3 && !f.offload_param.empty() ? f.offload_param : std::string("none")},
+            {"comm", f.comm},
             {"parameters", f.parameters}, {"global_batch", f.global_batch},
             {"tokens_per_step", f.global_batch * f.tokens_per_sample}, {"experiment_dir", f.experiment_dir},
             {"continued", f.continued}, {"save_dir", f.save_dir}, {"tensorboard_dir", f.tensorboard_dir}}}};

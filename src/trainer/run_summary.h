@@ -26,6 +26,7 @@ struct RunFacts {
   int64_t parameters = 0;
   int zero_stage = -1;            ///< -1: not a ZeRO env_type
   std::string offload_optimizer;  ///< "none", "cpu"
+  std::string offload_param;      ///< stage 3: "none", "cpu"
   std::string comm;               ///< gloo, mpi, nccl, or what a single process / swarm uses
   std::string experiment_dir;
   bool continued = false;         ///< the experiment folder of the run this one resumes

@@ -211,6 +211,7 @@ EvalResult Trainer::evaluate(torch::nn::Module& model, const BatchSource& eval_d
   if (cfg_.data.eval_batches > 0) batches = std::min(batches, cfg_.data.eval_batches);
   model.eval();
   torch::NoGradGuard no_grad;
+  if (prepared_) b.begin_eval();
   double sum = 0.0;
   int64_t mine = 0;
   // Eval micro-batches are dealt round-robin over the data shard's members (a peer with its own
@@ -227,6 +228,7 @@ EvalResult Trainer::evaluate(torch::nn::Module& model, const BatchSource& eval_d
     ++mine;
     fault_point("eval");
   }
+  if (prepared_) b.end_eval();
   model.train();
   // Mean over all batches: reduce sums and counts separately.
   const double readers = shard.own_stream ? 1.0 : static_cast<double>(shard.members);
@@ -411,6 +413,7 @@ void Trainer::print_run_summary(int64_t parameters) {
   if (type == "deepspeed" || type == "deepspeed+mpu") {
     f.zero_stage = cfg_.zero_optimization.stage;
     f.offload_optimizer = cfg_.zero_optimization.offload_optimizer.device;
+    f.offload_param = cfg_.zero_optimization.offload_param.device;
   }
   f.comm = comm_engine(cfg_, b);
   f.experiment_dir = experiment_dir_;

@@ -29,6 +29,7 @@
 #include "polytrain/parallel/universal_state.h"
 #include "polytrain/parallel/update.h"
 #include "polytrain/checkpoint/checkpoint.h"
+#include "polytrain/models/layer_params.h"
 #include "polytrain/optim/blockwise_quant.h"
 #include "polytrain/optim/cpu_adam.h"
 #include "polytrain/optim/optimizer_registry.h"
@@ -157,6 +158,37 @@ struct ZeroBackend::Bucket {
   int64_t numel = 0;
   size_t pending = 0;
 };
+
+// Stage 3: a unit is what is gathered and let go at once: one layer's parameters (a module the
+// model's loop runs through in_layer), the parameters outside the layers (embeddings, final
+// norm, heads: gathered for a whole step), or the persistent ones (below
+// stage3_param_persistence_threshold: never let go, updated and broadcast as at stage 2).
+struct ZeroBackend::Unit {
+  const torch::nn::Module* layer = nullptr;
+  std::string name;
+  std::vector<size_t> groups;
+  size_t params = 0;    ///< trainable parameters in it
+  size_t pending = 0;   ///< of which no gradient arrived yet in this backward
+  bool persistent = false;
+  bool gathered = true;
+  int users = 0;        ///< forwards running in it (nested: a checkpointed block recomputed)
+};
+
+namespace {
+
+// The layer hooks' way to the backend: through a slot the backend clears when destroyed.
+struct ZeroLayerParams : LayerParams {
+  explicit ZeroLayerParams(std::shared_ptr<ZeroBackend*> owner) : owner_(std::move(owner)) {}
+  void fetch(const torch::nn::Module& layer, bool for_backward) override {
+    if (*owner_ != nullptr) (*owner_)->fetch_layer(layer, for_backward);
+  }
+  void done(const torch::nn::Module& layer) override {
+    if (*owner_ != nullptr) (*owner_)->layer_done(layer);
+  }
+  std::shared_ptr<ZeroBackend*> owner_;
+};
+
+}  // namespace
 
 struct ZeroBackend::InFlight {
   std::vector<std::unique_ptr<CommWork>> works;
@@ -344,6 +376,9 @@ ZeroBackend::ZeroBackend(const Config& cfg, std::unique_ptr<Communicator> world)
   stage_ = dims.zero_stage;
   offload_ = dims.offload_optimizer;
   pin_memory_ = z.offload_optimizer.pin_memory;
+  offload_param_ = stage_ == 3 && z.offload_param.device == "cpu";
+  if (offload_param_) pin_memory_ = pin_memory_ || z.offload_param.pin_memory;
+  persistence_threshold_ = z.stage3_param_persistence_threshold;
   overlap_ = z.overlap_comm;
   reduce_bucket_ = z.reduce_bucket_size;
   allgather_bucket_ = z.allgather_bucket_size;
@@ -363,6 +398,7 @@ ZeroBackend::ZeroBackend(const Config& cfg, std::unique_ptr<Communicator> world)
 
 ZeroBackend::~ZeroBackend() {
   *alive_ = nullptr;
+  for (const auto& [layer, u] : unit_of_layer_) set_layer_params(*layer, nullptr);
   for (auto& f : flight_)
     if (f)
       for (auto& w : f->works) w.reset();  // waits for collectives still writing
@@ -406,6 +442,7 @@ std::vector<ParamGroup> ZeroBackend::collect_params(const OptimizerConfig& o) {
   NamedParams named;
   for (const auto& item : model_->named_parameters(/*recurse=*/true)) named.emplace_back(item.key(), item.value());
   std::vector<ParamGroup> split = split_by_decay(o, named);
+  if (stage_ == 3) split = split_by_unit(split);
   // Registration order over the groups (split_by_decay keeps it within each group).
   std::map<const void*, std::pair<size_t, size_t>> where;
   for (size_t g = 0; g < split.size(); ++g)
@@ -420,9 +457,146 @@ std::vector<ParamGroup> ZeroBackend::collect_params(const OptimizerConfig& o) {
     params_.push_back(p);
     group_of_.push_back(it->second.first);
     entry_of_.push_back(it->second.second);
+    if (stage_ == 3) {
+      Unit& u = *units_[unit_of_group_[it->second.first]];
+      unit_of_param_.push_back(unit_of_group_[it->second.first]);
+      ++u.params;
+    }
   }
   return split;
 }
+
+// Stage 3's units: each module of the model marked LayerUnit (the outermost ones: a block's
+// own sub-layers are in its unit), the parameters outside them, the persistent ones; each
+// decay group split by unit, in the units' order.
+std::vector<ParamGroup> ZeroBackend::split_by_unit(const std::vector<ParamGroup>& split) {
+  std::vector<std::pair<std::string, const torch::nn::Module*>> layers;  // name prefix, module
+  for (const auto& item : model_->named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
+    if (dynamic_cast<const LayerUnit*>(item.value().get()) == nullptr) continue;
+    const std::string prefix = item.key() + ".";
+    const bool nested = std::any_of(layers.begin(), layers.end(), [&](const auto& l) { return prefix.rfind(l.first, 0) == 0; });
+    if (!nested) layers.emplace_back(prefix, item.value().get());
+  }
+  units_.push_back(std::make_unique<Unit>());
+  units_.back()->name = "outside the layers";
+  root_ = 0;
+  for (const auto& [prefix, m] : layers) {
+    units_.push_back(std::make_unique<Unit>());
+    units_.back()->layer = m;
+    units_.back()->name = prefix.substr(0, prefix.size() - 1);
+    unit_of_layer_[m] = units_.size() - 1;
+  }
+  units_.push_back(std::make_unique<Unit>());
+  const size_t persistent = units_.size() - 1;
+  units_.back()->persistent = true;
+  units_.back()->name = "persistent";
+  auto unit_of = [&](const std::string& name, const at::Tensor& p) -> size_t {
+    if (p.numel() < persistence_threshold_) return persistent;
+    for (size_t i = 0; i < layers.size(); ++i)
+      if (name.rfind(layers[i].first, 0) == 0) return i + 1;
+    return root_;
+  };
+  std::vector<ParamGroup> out;
+  for (size_t u = 0; u < units_.size(); ++u)
+    for (const auto& g : split) {
+      ParamGroup part;
+      part.weight_decay = g.weight_decay;
+      for (const auto& [name, p] : g.params)
+        if (unit_of(name, p) == u) part.params.emplace_back(name, p);
+      if (part.params.empty()) continue;
+      units_[u]->groups.push_back(out.size());
+      unit_of_group_.push_back(u);
+      out.push_back(std::move(part));
+    }
+  return out;
+}
+
+bool ZeroBackend::partitioned(size_t group) const {
+  return stage_ == 3 && !units_[unit_of_group_[group]]->persistent;
+}
+
+bool ZeroBackend::unit_gathered(size_t u) const { return units_.at(u)->gathered; }
+
+void ZeroBackend::fetch_unit(size_t u) {
+  Unit& unit = *units_[u];
+  if (unit.gathered) return;
+  torch::NoGradGuard no_grad;
+  std::vector<std::unique_ptr<CommWork>> works;
+  for (size_t g : unit.groups) {
+    Group& grp = *groups_[g];
+    const ZeroLayout& l = layouts_[g];
+    c10::StorageImpl* storage = grp.flat.storage().unsafeGetStorageImpl();
+    const size_t nbytes = static_cast<size_t>(l.padded) * grp.flat.element_size();
+    storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
+    storage->set_nbytes(nbytes);
+    gathered_bytes_ += static_cast<int64_t>(nbytes);
+    // Written through an alias with a version counter of its own: the parameters (views of
+    // the flat buffer) keep theirs, so what autograd saved of them in forward stays valid for
+    // the backward that follows this gather.
+    at::Tensor alias = at::from_blob(grp.flat.data_ptr(), {l.padded}, grp.flat.options());
+    alias.narrow(0, l.begin_of(owner_), l.part).copy_(grp.flat_part);
+    for (int64_t r = 0; r < owners_; ++r)
+      for (int64_t c = 0; c < l.part; c += allgather_bucket_) {
+        at::Tensor t = alias.narrow(0, l.begin_of(r) + c, std::min(allgather_bucket_, l.part - c));
+        works.push_back(comm_->broadcast_async(t, static_cast<int>(r)));
+      }
+  }
+  for (auto& w : works) w->wait();
+  gathered_bytes_peak_ = std::max(gathered_bytes_peak_, gathered_bytes_);
+  unit.gathered = true;
+}
+
+void ZeroBackend::release_unit(size_t u) {
+  Unit& unit = *units_[u];
+  if (!unit.gathered || unit.persistent || unit.users > 0 || holding_all_ > 0 || released_model_) return;
+  for (size_t g : unit.groups) {
+    Group& grp = *groups_[g];
+    c10::StorageImpl* storage = grp.flat.storage().unsafeGetStorageImpl();
+    gathered_bytes_ -= static_cast<int64_t>(storage->nbytes());
+    storage->set_data_ptr_noswap(at::DataPtr(nullptr, grp.flat.device()));
+    storage->set_nbytes(0);
+  }
+  unit.gathered = false;
+}
+
+void ZeroBackend::hold_all() {
+  if (stage_ != 3) return;
+  for (size_t u = 0; u < units_.size(); ++u) fetch_unit(u);
+  ++holding_all_;
+}
+
+void ZeroBackend::let_go_all() {
+  if (stage_ != 3) return;
+  if (holding_all_ > 0) --holding_all_;
+  for (size_t u = 0; u < units_.size(); ++u) release_unit(u);
+}
+
+void ZeroBackend::fetch_layer(const torch::nn::Module& layer, bool for_backward) {
+  const auto it = unit_of_layer_.find(&layer);
+  if (it == unit_of_layer_.end()) return;
+  if (!for_backward) ++units_[it->second]->users;
+  fetch_unit(it->second);
+}
+
+void ZeroBackend::layer_done(const torch::nn::Module& layer) {
+  const auto it = unit_of_layer_.find(&layer);
+  if (it == unit_of_layer_.end()) return;
+  Unit& unit = *units_[it->second];
+  if (unit.users > 0) --unit.users;
+  // Let go after the forward; in a backward (a checkpointed block recomputed) the parameters
+  // are fetched again by the recomputed output's backward.
+  release_unit(it->second);
+}
+
+void ZeroBackend::run_micro_batches(MicroBatchRunner& runner) {
+  if (stage_ != 3) return Backend::run_micro_batches(runner);
+  fetch_unit(root_);  // embeddings, final norm, heads: used before and after the layers
+  Backend::run_micro_batches(runner);
+  release_unit(root_);
+}
+
+void ZeroBackend::begin_eval() { hold_all(); }
+void ZeroBackend::end_eval() { let_go_all(); }
 
 // Phase 2: per group one flat buffer the parameters become views of, padded and split into
 // partitions; this rank's master weights, moments and gradient for its partition; the
@@ -466,8 +640,17 @@ void ZeroBackend::build_partitions(const OptimizerConfig& o, const std::vector<P
       if (stage_ <= 1) p.mutable_grad() = grp->grad_full.narrow(0, en.offset, en.numel).view(p.sizes());
       else p.mutable_grad() = at::Tensor();
     }
-    grp->flat_part = grp->flat.narrow(0, l.begin_of(owner_), l.part);
-    grp->master_is_view = !offload_ && !half;
+    if (partitioned(g)) {
+      // Stage 3: the owned partition lives apart from the flat buffer, which comes and goes
+      // (CPU memory with offload_param, pinned on CUDA).
+      const auto part_dev = offload_param_ ? c10::Device(c10::kCPU) : ctx_.device;
+      grp->flat_part = grp->flat.narrow(0, l.begin_of(owner_), l.part).to(part_dev, /*non_blocking=*/false, /*copy=*/true);
+      if (offload_param_ && pin) grp->flat_part = grp->flat_part.pin_memory();
+      grp->master_is_view = !half && grp->flat_part.device() == opt_dev.device();
+    } else {
+      grp->flat_part = grp->flat.narrow(0, l.begin_of(owner_), l.part);
+      grp->master_is_view = !offload_ && !half;
+    }
     grp->master = grp->master_is_view ? grp->flat_part : grp->flat_part.to(opt_dev, /*non_blocking=*/false, /*copy=*/true);
     if (offload_ && pin) grp->master = grp->master.pin_memory();
     if (q8) {
@@ -484,7 +667,7 @@ void ZeroBackend::build_partitions(const OptimizerConfig& o, const std::vector<P
     } else {
       grp->master_grad = grp->grad.scalar_type() == torch::kFloat ? grp->grad : torch::zeros({l.part}, opt_dev);
     }
-    if (offload_ && half && !ctx_.device.is_cpu()) {
+    if (offload_ && half && !grp->flat_part.is_cpu()) {
       grp->copy_out = torch::zeros({l.part}, torch::TensorOptions().dtype(torch::kShort));
       if (pin) grp->copy_out = grp->copy_out.pin_memory();
     }
@@ -495,6 +678,13 @@ void ZeroBackend::build_partitions(const OptimizerConfig& o, const std::vector<P
     groups_.push_back(std::move(grp));
   }
   optimizer_ = std::make_unique<PartitionAdam>(o, std::move(slots));
+  if (stage_ == 3) {
+    for (size_t g = 0; g < groups_.size(); ++g)
+      if (partitioned(g)) gathered_bytes_ += groups_[g]->flat.numel() * static_cast<int64_t>(groups_[g]->flat.element_size());
+    for (size_t u = 0; u < units_.size(); ++u) release_unit(u);  // every rank keeps only its partitions
+    layer_params_ = std::make_shared<ZeroLayerParams>(alive_);
+    for (const auto& [layer, u] : unit_of_layer_) set_layer_params(*layer, layer_params_);
+  }
 
 }
 
@@ -530,13 +720,16 @@ void ZeroBackend::build_buckets() {
   }
   ready_.assign(params_.size(), 0);
   late_.assign(buckets_.size(), 0);
-  if (stage_ == 2) {
+  if (stage_ >= 2) {
     // One reduce buffer, two when reductions overlap backward (one fills while one is reduced).
     for (int s = 0; s < (overlap_ ? 2 : 1); ++s) staging_.push_back(torch::zeros({largest}, dev));
     flight_.resize(staging_.size());
     for (size_t k = 0; k < params_.size(); ++k) {
       auto acc = torch::autograd::impl::grad_accumulator(params_[k]);
       acc->add_post_hook(std::make_unique<ZeroGradHook>(alive_, k));
+      // A variable holds its AccumulateGrad node weakly: unheld, the next forward would make a
+      // new node without the hook (and no bucket would be reduced before backward ended).
+      accumulators_.push_back(std::move(acc));
     }
   } else {
     flight_.resize(buckets_.size());
@@ -570,6 +763,10 @@ void ZeroBackend::grad_ready(size_t param) {
   }
   ready_[param] = 1;
   --buckets_[bucket_of_[param]]->pending;
+  if (stage_ == 3) {  // a layer whose gradients are all in: its backward is over, let it go
+    Unit& unit = *units_[unit_of_param_[param]];
+    if (--unit.pending == 0 && unit.layer != nullptr) release_unit(unit_of_param_[param]);
+  }
   if (!overlap_) return;
   // Launch in bucket order only, so every rank issues the same collectives in the same order
   // whatever order its gradients arrive in.
@@ -585,7 +782,7 @@ void ZeroBackend::launch(size_t bi) {
   auto f = std::make_unique<InFlight>();
   at::Tensor staging;
   size_t slot = bi;
-  if (stage_ == 2) {
+  if (stage_ >= 2) {
     slot = bi % staging_.size();
     drain(slot);
     staging = staging_[slot];
@@ -607,7 +804,7 @@ void ZeroBackend::launch(size_t bi) {
     const ZeroLayout& l = layouts_[g];
     // The source of the range: the flat gradient (stage 0/1) or the reduce buffer (stage 2).
     auto source = [&](int64_t a, int64_t n) {
-      return stage_ == 2 ? staging.narrow(0, b.staging_offset[g] + a - lo, n) : groups_[g]->grad_full.narrow(0, a, n);
+      return stage_ >= 2 ? staging.narrow(0, b.staging_offset[g] + a - lo, n) : groups_[g]->grad_full.narrow(0, a, n);
     };
     if (stage_ == 0) {
       at::Tensor t = source(lo, hi - lo);
@@ -619,7 +816,7 @@ void ZeroBackend::launch(size_t bi) {
       if (e <= a) continue;
       at::Tensor t = source(a, e - a);
       f->works.push_back(comm_->reduce_async(t, static_cast<int>(r), ReduceOp::kSum));
-      if (r == owner_ && stage_ == 2)
+      if (r == owner_ && stage_ >= 2)
         f->mine.push_back(InFlight::Mine{g, b.staging_offset[g] + a - lo, a - l.begin_of(r), e - a});
     }
   }
@@ -637,9 +834,10 @@ void ZeroBackend::drain(size_t slot) {
 }
 
 void ZeroBackend::backward(const at::Tensor& loss, const MicroStep& m) {
-  if (stage_ == 2) {  // every micro-step reduces its gradients into their owners' partitions
+  if (stage_ >= 2) {  // every micro-step reduces its gradients into their owners' partitions
     std::fill(ready_.begin(), ready_.end(), 0);
     for (auto& b : buckets_) b->pending = b->params.size();
+    for (auto& u : units_) u->pending = u->params;
     next_launch_ = 0;
     std::fill(late_.begin(), late_.end(), 0);
     armed_ = true;
@@ -650,6 +848,9 @@ void ZeroBackend::backward(const at::Tensor& loss, const MicroStep& m) {
     // same buckets on every rank: which parameters accumulate twice is the model's structure).
     for (size_t b = 0; b < buckets_.size(); ++b)
       if (late_[b]) launch(b);
+    // Layers with a parameter that got no gradient (unused in this micro-step) are let go now.
+    for (size_t u = 0; u < units_.size(); ++u)
+      if (units_[u]->layer != nullptr) release_unit(u);
     return;
   }
   loss.backward();  // stage 0/1: accumulates into the flat gradient
@@ -660,11 +861,19 @@ void ZeroBackend::backward(const at::Tensor& loss, const MicroStep& m) {
 void ZeroBackend::gather_params() {
   if (owners_ == 1) return;
   std::vector<std::unique_ptr<CommWork>> works;
+  torch::NoGradGuard no_grad;
   for (auto& g : groups_) {
     const ZeroLayout& l = layouts_[g->index];
+    at::Tensor flat = g->flat;
+    if (partitioned(g->index)) {
+      // Stage 3: a unit let go is gathered when used next; one held (eval, export) now.
+      if (!units_[unit_of_group_[g->index]]->gathered) continue;
+      flat = at::from_blob(g->flat.data_ptr(), {l.padded}, g->flat.options());
+      flat.narrow(0, l.begin_of(owner_), l.part).copy_(g->flat_part);
+    }
     for (int64_t r = 0; r < owners_; ++r)
       for (int64_t c = 0; c < l.part; c += allgather_bucket_) {
-        at::Tensor t = g->flat.narrow(0, l.begin_of(r) + c, std::min(allgather_bucket_, l.part - c));
+        at::Tensor t = flat.narrow(0, l.begin_of(r) + c, std::min(allgather_bucket_, l.part - c));
         works.push_back(comm_->broadcast_async(t, static_cast<int>(r)));
       }
   }
@@ -694,20 +903,32 @@ double ZeroBackend::reduce_metric(double local_value) { return mean_over_ranks(*
 std::string ZeroBackend::share(const std::string& value) { return share_from_rank0(world(), ctx_.device, value); }
 
 NamedTensors ZeroBackend::full_state(torch::nn::Module& model) {
+  hold_all();  // stage 3: every layer gathered for the copy
   NamedTensors state = Backend::full_state(model);
+  if (stage_ == 3)
+    for (auto& [name, t] : state) t = t.detach().clone();  // the gathered buffers are let go below
+  let_go_all();
   if (tp_) tp_->gather(state);
   return state;
 }
 
 void ZeroBackend::release_model(torch::nn::Module& model) {
+  if (stage_ == 3) {  // whole again on every rank, for good
+    hold_all();
+    released_model_ = true;
+  }
   if (tp_) tp_->release(model);
 }
 
 void ZeroBackend::load_full_state(torch::nn::Module& model, const NamedTensors& state, const std::string& origin) {
+  hold_all();
   Backend::load_full_state(model, tp_ ? tp_->slice(state, origin) : state, origin);
   torch::NoGradGuard no_grad;
-  for (auto& g : groups_)
+  for (auto& g : groups_) {
+    if (partitioned(g->index)) g->flat_part.copy_(g->flat.narrow(0, layouts_[g->index].begin_of(owner_), layouts_[g->index].part));
     if (!g->master_is_view) g->master.copy_(g->flat_part);
+  }
+  let_go_all();
 }
 
 std::vector<std::string> ZeroBackend::runs_description() const {
@@ -720,7 +941,7 @@ ZeroMemory ZeroBackend::memory() const {
   ZeroMemory m;
   auto bytes = [](const at::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; };
   for (const auto& g : groups_) {
-    m.params += bytes(g->flat);
+    m.params += partitioned(g->index) ? bytes(g->flat_part) : bytes(g->flat);
     if (!g->master_is_view) m.master += bytes(g->master);
     m.optimizer_state += bytes(g->exp_avg) + bytes(g->exp_avg_sq) + g->q8.bytes();
     m.gradients += stage_ <= 1 ? bytes(g->grad_full) : bytes(g->grad);
@@ -728,6 +949,8 @@ ZeroMemory ZeroBackend::memory() const {
     else if (!g->master_grad.is_same(g->grad)) m.gradients += bytes(g->master_grad);
   }
   for (const auto& s : staging_) m.reduce_buffers += bytes(s);
+  m.gathered_params = gathered_bytes_;
+  m.gathered_params_peak = gathered_bytes_peak_;
   return m;
 }
 

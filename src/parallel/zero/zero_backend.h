@@ -25,6 +25,7 @@
 
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "polytrain/parallel/backend.h"
@@ -33,6 +34,7 @@
 
 namespace polytrain {
 
+class LayerParams;
 class Optimizer;
 class TensorParallelTransform;
 struct OptimizerConfig;
@@ -47,6 +49,9 @@ struct ZeroMemory {
   int64_t gradients = 0;        ///< gradient buffers kept across steps (full: stage 0/1; partition: stage 2)
   int64_t reduce_buffers = 0;   ///< stage 2's bucket buffers
   int64_t host_copies = 0;      ///< offload: the CPU gradient copy (+ half-precision copy-out buffer)
+  /// Stage 3: `params` counts the owned partitions and the persistent parameters; these are the
+  /// gathered layers' buffers now and at most since the start.
+  int64_t gathered_params = 0, gathered_params_peak = 0;
 };
 
 class ZeroBackend : public Backend {
@@ -79,6 +84,9 @@ class ZeroBackend : public Backend {
   NamedTensors full_state(torch::nn::Module& model) override;
   void load_full_state(torch::nn::Module& model, const NamedTensors& state, const std::string& origin) override;
   void release_model(torch::nn::Module& model) override;
+  void run_micro_batches(MicroBatchRunner& runner) override;
+  void begin_eval() override;
+  void end_eval() override;
   bool writes_shard() const override { return stage_ > 0 || ctx_.dp_rank == 0; }
   void save_shard(torch::serialize::OutputArchive& archive) override;
   void load_shards(ShardReader& reader) override;
@@ -98,13 +106,28 @@ class ZeroBackend : public Backend {
   };
   OwnedState owned_state() const;
   size_t bucket_count() const { return buckets_.size(); }
-  /// Called by the gradient hooks (stage 2).
+  /// Called by the gradient hooks (stage 2, 3).
   void grad_ready(size_t param);
+  /// Stage 3 (tests): the parameter units (the model's layers, the parameters outside them,
+  /// the persistent ones) and whether each holds its whole parameters now.
+  size_t unit_count() const { return units_.size(); }
+  bool unit_gathered(size_t u) const;
+  /// Called by the models' layer loops through in_layer (stage 3).
+  void fetch_layer(const torch::nn::Module& layer, bool for_backward);
+  void layer_done(const torch::nn::Module& layer);
 
  private:
   struct Group;
   struct Bucket;
   struct InFlight;
+  struct Unit;
+  /// Stage 3: the trainable parameters split by unit (then by decay group).
+  std::vector<ParamGroup> split_by_unit(const std::vector<ParamGroup>& split);
+  void fetch_unit(size_t u);
+  void release_unit(size_t u);
+  void hold_all();     ///< every unit gathered until let_go_all (eval, export)
+  void let_go_all();
+  bool partitioned(size_t group) const;  ///< stage 3 and not persistent: the flat buffer comes and goes
   void launch(size_t bucket);
   void launch_remaining();
   void drain(size_t slot);
@@ -151,6 +174,18 @@ class ZeroBackend : public Backend {
   std::vector<at::Tensor> staging_;                 ///< stage 2 reduce buffers
   std::vector<std::unique_ptr<InFlight>> flight_;   ///< per staging slot (stage 2) / per bucket (0, 1)
   std::shared_ptr<ZeroBackend*> alive_;             ///< what the gradient hooks call through
+  std::vector<std::shared_ptr<void>> accumulators_; ///< the hooked AccumulateGrad nodes, kept alive
+  // Stage 3.
+  bool offload_param_ = false;
+  int64_t persistence_threshold_ = 0;
+  std::vector<std::unique_ptr<Unit>> units_;          ///< 0: outside the layers; then the layers; persistent last
+  size_t root_ = 0;
+  std::vector<size_t> unit_of_group_, unit_of_param_;
+  std::unordered_map<const torch::nn::Module*, size_t> unit_of_layer_;
+  std::shared_ptr<LayerParams> layer_params_;
+  int holding_all_ = 0;
+  bool released_model_ = false;
+  int64_t gathered_bytes_ = 0, gathered_bytes_peak_ = 0;
 };
 
 }  // namespace polytrain
