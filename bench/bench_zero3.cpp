@@ -1,4 +1,5 @@
-// ZeRO stages 0, 1, 2, 3 and 3 + offload (offload_param and offload_optimizer) on GPT-2 124M
+// ZeRO stages 0, 1, 2, 3 (at DeepSpeed's defaults, and with a live window of 5.5e7 parameters
+// and no reuse) and 3 + offload (offload_param and offload_optimizer) on GPT-2 124M
 // (n_embd 768, 12 layers, vocab 50257) at 4 CPU ranks (forked processes, Gloo on loopback, one
 // thread each), side by side in one run. Per stage, rank 0's:
 //   - parameter bytes held between steps (the backend's own buffers) against ZeRO's formula
@@ -53,6 +54,7 @@ struct Variant {
   const char* label;
   int stage;
   bool offload;
+  nlohmann::json coordinator = nlohmann::json::object();  ///< stage 3's prefetch / reuse / live keys
 };
 
 struct Row {
@@ -79,6 +81,7 @@ Row run_rank(int rank, int port, const Variant& v, int steps) {
   at::set_num_threads(1);
   // Buckets of 5 M elements (20 MB) at every stage; overlap_comm as DeepSpeed's default (on at stage 3 only).
   nlohmann::json z = {{"stage", v.stage}, {"reduce_bucket_size", 5000000}, {"allgather_bucket_size", 5000000}};
+  z.update(v.coordinator);
   if (v.offload) {
     z["offload_optimizer"] = {{"device", "cpu"}};
     if (v.stage == 3) z["offload_param"] = {{"device", "cpu"}};
@@ -188,10 +191,16 @@ Row run_all(const Variant& v, int steps) {
 
 int main(int argc, char** argv) {
   const int steps = argc > 1 ? std::atoi(argv[1]) : 4;
+  // Stage 3 at DeepSpeed's defaults (prefetch 5e7 elements, reuse distance and live parameters
+  // 1e9: every block kept from its forward to its backward), and with a live window of the
+  // embeddings + 2 blocks (5.5e7) and no reuse (each block gathered for its forward and again
+  // for its backward, the next one prefetched while room is left).
+  const nlohmann::json window = {{"stage3_max_live_parameters", 55000000}, {"stage3_max_reuse_distance", 0}};
   const std::vector<Variant> variants = {{"stage 0", 0, false},
                                          {"stage 1", 1, false},
                                          {"stage 2", 2, false},
                                          {"stage 3", 3, false},
+                                         {"stage 3 live 5.5e7", 3, false, window},
                                          {"stage 3 + offload", 3, true}};
   std::printf("GPT-2 124M (n_embd 768, 12 layers), fp32, env_type deepspeed at %d CPU ranks (1 thread each, Gloo on "
               "loopback), micro-batch 1 x 128 tokens per rank, %d steps (the first left out of the time); rank 0:\n",
@@ -210,7 +219,7 @@ int main(int argc, char** argv) {
                 r.floor / 1e6, r.rss / 1e6, r.ms, r.gather / (4 * r.psi), r.reduce / (4 * r.psi), r.loss);
     std::fflush(stdout);
     if (v.stage == 2) stage2_ms = r.ms;
-    if (v.stage == 3 && !v.offload) stage3_ms = r.ms;
+    if (v.stage == 3 && !v.offload && v.coordinator.empty()) stage3_ms = r.ms;
   }
   std::printf("Psi = %.2f M parameters. formula: 4 Psi (stages 0-2) or 4 Psi / %d (stage 3); live win: the most bytes of "
               "gathered units at once (the embeddings and head for the whole step, plus the running blocks); "

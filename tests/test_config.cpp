@@ -276,21 +276,25 @@ TEST(ConfigKeys, DeepSpeedKeysPolytrainDoesNotImplementAreListedAndWarnedOnce) {
   EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
 }
 
-// Stage 3 reads its tuning keys and does nothing with them (no prefetch, no live window, one
-// optimizer step for all partitions, exports always gathered): named as ignored when given at
-// stage 3, not at stage 2 (where DeepSpeed reads none of them either), nor when absent.
+// Stage 3 reads two of its keys and does nothing with them (one optimizer step for all
+// partitions, exports always gathered): named as ignored when given at stage 3, not at stage 2
+// (where DeepSpeed reads none of them either), nor when absent; the coordinator's keys are used.
 TEST(ConfigKeys, Stage3TuningKeysWithoutEffectAreListed) {
   const json z3 = {{"stage", 3},
                    {"stage3_prefetch_bucket_size", 1000},
                    {"stage3_max_live_parameters", 2000},
+                   {"stage3_max_reuse_distance", 0},
                    {"sub_group_size", 3000},
+                   {"stage3_gather_16bit_weights_on_model_save", true},
                    {"stage3_param_persistence_threshold", 10}};
   const Config cfg = config_from_json(with_batch({{"zero_optimization", z3}}), "config.json", 1);
-  const std::vector<std::string> expected = {"zero_optimization.stage3_prefetch_bucket_size",
-                                             "zero_optimization.stage3_max_live_parameters",
-                                             "zero_optimization.sub_group_size"};
+  const std::vector<std::string> expected = {"zero_optimization.sub_group_size",
+                                             "zero_optimization.stage3_gather_16bit_weights_on_model_save"};
   EXPECT_EQ(cfg.ignored_keys, expected);
-  EXPECT_EQ(cfg.zero_optimization.stage3_param_persistence_threshold, 10);  // this one is used
+  EXPECT_EQ(cfg.zero_optimization.stage3_param_persistence_threshold, 10);  // these are used
+  EXPECT_EQ(cfg.zero_optimization.stage3_prefetch_bucket_size, 1000);
+  EXPECT_EQ(cfg.zero_optimization.stage3_max_live_parameters, 2000);
+  EXPECT_EQ(cfg.zero_optimization.stage3_max_reuse_distance, 0);
   json z2 = z3;
   z2["stage"] = 2;
   EXPECT_TRUE(config_from_json(with_batch({{"zero_optimization", z2}}), "config.json", 1).ignored_keys.empty());

@@ -460,20 +460,52 @@ struct Stack3 : torch::nn::Module {
   }
 };
 
-Config stage3_config(int world, int64_t threshold) {
+// `coordinator`: stage3_prefetch_bucket_size, stage3_max_reuse_distance and
+// stage3_max_live_parameters when given (DeepSpeed's defaults otherwise).
+Config stage3_config(int world, int64_t threshold, const json& coordinator = json::object()) {
+  json z = {{"stage", 3}, {"reduce_bucket_size", 500}, {"allgather_bucket_size", 1000},
+            {"stage3_param_persistence_threshold", threshold}};
+  z.update(coordinator);
   json doc = {{"train_batch_size", 8 * world},
               {"optimizer", {{"type", "Adam"}, {"params", {{"lr", 0.01}}}}},
-              {"zero_optimization",
-               {{"stage", 3}, {"reduce_bucket_size", 500}, {"allgather_bucket_size", 1000},
-                {"stage3_param_persistence_threshold", threshold}}},
+              {"zero_optimization", z},
               {"trainer", {{"env_type", "deepspeed"}}}};
   return config_from_json(doc, "test", world);
 }
 
-// At 2 ranks: each block holds its parameters only while it runs (forward, and backward, with
-// and without activation checkpointing); between steps only the owned partitions remain; the
-// bytes gathered per step are the layers twice (forward, backward) and the rest once, the
-// gradients reduced once (ZeRO-3's 3x the parameters); the trajectory equals one process's.
+// Rank `rank`'s batch of step `step` (its own generator: ranks run as threads here).
+at::Tensor stage3_batch(int world, int rank, int step) {
+  return torch::randn({8, 16}, at::detail::createCPUGenerator(100 + step * world + rank));
+}
+
+struct LambdaRunner : MicroBatchRunner {
+  std::function<at::Tensor()> f;
+  at::Tensor forward(int64_t) override { return f(); }
+};
+
+// The one-process run of the same 3 steps (Adam, the mean over the ranks' batches): its losses.
+std::vector<double> stage3_reference(int world) {
+  auto model = std::make_shared<Stack3>();
+  torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(0.01));
+  std::vector<double> out;
+  for (int step = 0; step < 3; ++step) {
+    adam.zero_grad();
+    for (int r = 0; r < world; ++r) {
+      const at::Tensor l = model->loss(stage3_batch(world, r, step));
+      if (r == 0) out.push_back(l.item<double>());
+      (l / world).backward();
+    }
+    adam.step();
+  }
+  return out;
+}
+
+// At 2 ranks, without prefetch or reuse: each block holds its parameters only while it runs
+// (forward, and backward, with and without activation checkpointing); between steps only the
+// owned partitions remain; the first step gathers the layers twice (forward, backward; three
+// times checkpointed) and the rest once, the later ones keep the last block from its forward to
+// its backward (asked again at once: a reuse distance of 0); the gradients are reduced once;
+// the trajectory equals one process's.
 TEST(ZeroStage3, LayersAreGatheredOnlyWhileTheyRunAndTheTrafficIsThreeTimesTheParameters) {
   at::set_num_threads(1);
   const int world = 2;
@@ -482,7 +514,7 @@ TEST(ZeroStage3, LayersAreGatheredOnlyWhileTheyRunAndTheTrafficIsThreeTimesThePa
     on_threads(world, [&](int rank, std::unique_ptr<Communicator> comm) {
       auto counting = std::make_unique<CountingCommunicator>(std::move(comm));
       CountingCommunicator* c = counting.get();
-      auto cfg = stage3_config(world, 0);
+      auto cfg = stage3_config(world, 0, {{"stage3_prefetch_bucket_size", 0}, {"stage3_max_reuse_distance", 0}});
       ZeroBackend zero(cfg, std::move(counting));
       auto model = std::make_shared<Stack3>();
       zero.prepare(model, cfg);
@@ -500,11 +532,8 @@ TEST(ZeroStage3, LayersAreGatheredOnlyWhileTheyRunAndTheTrafficIsThreeTimesThePa
       };
       for (int step = 0; step < 3; ++step) {
         c->reset();
-        const at::Tensor x = torch::randn({8, 16}, at::detail::createCPUGenerator(100 + step * world + rank));
-        struct Runner : MicroBatchRunner {
-          std::function<at::Tensor()> f;
-          at::Tensor forward(int64_t) override { return f(); }
-        } runner;
+        const at::Tensor x = stage3_batch(world, rank, step);
+        LambdaRunner runner;
         runner.f = [&] {
           at::Tensor l = model->loss(x, checkpoint);
           if (rank == 0) losses[checkpoint].push_back(l.item<double>());
@@ -513,12 +542,14 @@ TEST(ZeroStage3, LayersAreGatheredOnlyWhileTheyRunAndTheTrafficIsThreeTimesThePa
         zero.run_micro_batches(runner);
         zero.step(StepRequest{0.01}, step);
         for (size_t u = 0; u < 5; ++u) EXPECT_FALSE(zero.unit_gathered(u)) << "unit " << u << " after step " << step;
-        // Checkpointed blocks are gathered a third time, for the recomputation in backward.
-        const int64_t gathers = checkpoint ? 3 : 2;
-        EXPECT_EQ(c->gather_bytes, 4 * (gathers * layers + rest)) << "step " << step;
+        // The first step: checkpointed blocks are gathered a third time, for the recomputation
+        // in backward. Later: every block twice but the last, kept (its next request follows).
+        const int64_t blocks = step == 0 ? (checkpoint ? 12 : 8) : 7;
+        EXPECT_EQ(c->gather_bytes, 4 * (blocks * layers / 4 + rest)) << "step " << step;
         EXPECT_EQ(c->reduce_bytes, 4 * total) << "step " << step;
       }
       EXPECT_EQ(wrong, 0);
+      EXPECT_EQ(zero.prefetched(), 0u);
       const ZeroMemory m = zero.memory();
       EXPECT_EQ(m.params, 4 * (layers + rest) / world);  // the owned partitions only
       EXPECT_EQ(m.gathered_params, 0);
@@ -540,21 +571,55 @@ TEST(ZeroStage3, LayersAreGatheredOnlyWhileTheyRunAndTheTrafficIsThreeTimesThePa
       for (size_t u = 0; u < 5; ++u) EXPECT_FALSE(zero.unit_gathered(u));
     });
   }
-  // The same steps in one process (Adam, the mean over the ranks' batches).
-  auto model = std::make_shared<Stack3>();
-  torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(0.01));
+  const auto ref = stage3_reference(world);
   for (int step = 0; step < 3; ++step) {
-    adam.zero_grad();
-    at::Tensor loss;
-    for (int r = 0; r < world; ++r) {
-      const at::Tensor l = model->loss(torch::randn({8, 16}, at::detail::createCPUGenerator(100 + step * world + r)));
-      if (r == 0) {
-        EXPECT_NEAR(losses[0][step], l.item<double>(), 1e-6 * std::abs(l.item<double>())) << "step " << step;
-        EXPECT_NEAR(losses[1][step], l.item<double>(), 1e-6 * std::abs(l.item<double>())) << "checkpointed, step " << step;
+    EXPECT_NEAR(losses[0][step], ref[step], 1e-6 * std::abs(ref[step])) << "step " << step;
+    EXPECT_NEAR(losses[1][step], ref[step], 1e-6 * std::abs(ref[step])) << "checkpointed, step " << step;
+  }
+}
+
+// DeepSpeed's parameter coordinator at its defaults (prefetch 5e7 elements, reuse distance and
+// live parameters 1e9): after the first step (the trace) each block is gathered once per step,
+// ahead of its request (prefetched), and kept from its forward to its backward. With
+// stage3_max_live_parameters at 1 element nothing is gathered ahead or kept: every block twice
+// a step, at most two at once. The losses are one process's either way.
+TEST(ZeroStage3, PrefetchAndReuseFollowTheFirstStepsTrace) {
+  at::set_num_threads(1);
+  const int world = 2;
+  const auto ref = stage3_reference(world);
+  for (bool limited : {false, true}) {
+    on_threads(world, [&](int rank, std::unique_ptr<Communicator> comm) {
+      auto counting = std::make_unique<CountingCommunicator>(std::move(comm));
+      CountingCommunicator* c = counting.get();
+      auto cfg = stage3_config(world, 0, limited ? json{{"stage3_max_live_parameters", 1}} : json::object());
+      ZeroBackend zero(cfg, std::move(counting));
+      auto model = std::make_shared<Stack3>();
+      zero.prepare(model, cfg);
+      int64_t layers = 0, rest = 0;
+      for (const auto& l : zero.layouts()) (l.entries.front().name.rfind("blocks.", 0) == 0 ? layers : rest) += l.padded;
+      for (int step = 0; step < 3; ++step) {
+        c->reset();
+        const at::Tensor x = stage3_batch(world, rank, step);
+        LambdaRunner runner;
+        runner.f = [&] {
+          at::Tensor l = model->loss(x);
+          if (rank == 0) EXPECT_NEAR(l.item<double>(), ref[step], 1e-6 * std::abs(ref[step])) << "step " << step;
+          return l;
+        };
+        zero.run_micro_batches(runner);
+        zero.step(StepRequest{0.01}, step);
+        for (size_t u = 0; u < 5; ++u) EXPECT_FALSE(zero.unit_gathered(u)) << "unit " << u << " after step " << step;
+        const int64_t gathers = step == 0 || limited ? 2 : 1;
+        EXPECT_EQ(c->gather_bytes, 4 * (gathers * layers + rest)) << "step " << step << (limited ? " (limited)" : "");
       }
-      (l / world).backward();
-    }
-    adam.step();
+      if (!limited) {
+        EXPECT_EQ(zero.prefetched(), 6u);  // blocks 2, 3, 4 at block 1's request, in steps 2 and 3
+        EXPECT_EQ(zero.memory().gathered_params_peak, 4 * (layers + rest));
+      } else {
+        EXPECT_EQ(zero.prefetched(), 0u);
+        EXPECT_LE(zero.memory().gathered_params_peak, 4 * (rest + 2 * layers / 4));
+      }
+    });
   }
 }
 

@@ -327,12 +327,11 @@ void parse_zero(const json* j, const json* allgather_size, ParseContext& ctx, Ze
   r.at_least("stage3_param_persistence_threshold", z.stage3_param_persistence_threshold, int64_t{0});
   if (z.offload_optimizer.ratio < 1.0 && z.stage != 3)
     r.fail("offload_optimizer", "ratio < 1 (partial offload) needs stage 3 (DeepSpeed's rule)");
-  // Stage 3 reads these and does nothing with them: the layers are gathered when used, without
-  // prefetch or a live window, the optimizer steps every partition at once, and the whole model
-  // is always gathered for an export. Named in the ignored-keys warning when given.
+  // Stage 3 reads these and does nothing with them: the optimizer steps every partition at once,
+  // and the whole model is always gathered for an export. Named in the ignored-keys warning
+  // when given.
   if (z.stage == 3 && ctx.ignored)
-    for (const char* key : {"stage3_prefetch_bucket_size", "stage3_max_live_parameters", "stage3_max_reuse_distance",
-                            "sub_group_size", "stage3_gather_16bit_weights_on_model_save"})
+    for (const char* key : {"sub_group_size", "stage3_gather_16bit_weights_on_model_save"})
       if (r.has(key)) ctx.ignored->push_back(std::string("zero_optimization.") + key);
   if (z.offload_optimizer.ratio < 1.0 && ctx.ignored) ctx.ignored->push_back("zero_optimization.offload_optimizer.ratio");
 }

@@ -172,6 +172,8 @@ struct ZeroBackend::Unit {
   bool persistent = false;
   bool gathered = true;
   int users = 0;        ///< forwards running in it (nested: a checkpointed block recomputed)
+  int64_t numel = 0;    ///< elements of its flat buffers (padded)
+  std::vector<std::unique_ptr<CommWork>> inflight;  ///< a prefetch under way: its broadcasts
 };
 
 namespace {
@@ -379,6 +381,9 @@ ZeroBackend::ZeroBackend(const Config& cfg, std::unique_ptr<Communicator> world)
   offload_param_ = stage_ == 3 && z.offload_param.device == "cpu";
   if (offload_param_) pin_memory_ = pin_memory_ || z.offload_param.pin_memory;
   persistence_threshold_ = z.stage3_param_persistence_threshold;
+  prefetch_bucket_ = z.stage3_prefetch_bucket_size;
+  max_live_ = z.stage3_max_live_parameters;
+  max_reuse_ = z.stage3_max_reuse_distance;
   overlap_ = z.overlap_comm;
   reduce_bucket_ = z.reduce_bucket_size;
   allgather_bucket_ = z.allgather_bucket_size;
@@ -517,11 +522,9 @@ bool ZeroBackend::partitioned(size_t group) const {
 
 bool ZeroBackend::unit_gathered(size_t u) const { return units_.at(u)->gathered; }
 
-void ZeroBackend::fetch_unit(size_t u) {
+void ZeroBackend::start_gather(size_t u) {
   Unit& unit = *units_[u];
-  if (unit.gathered) return;
   torch::NoGradGuard no_grad;
-  std::vector<std::unique_ptr<CommWork>> works;
   for (size_t g : unit.groups) {
     Group& grp = *groups_[g];
     const ZeroLayout& l = layouts_[g];
@@ -538,17 +541,28 @@ void ZeroBackend::fetch_unit(size_t u) {
     for (int64_t r = 0; r < owners_; ++r)
       for (int64_t c = 0; c < l.part; c += allgather_bucket_) {
         at::Tensor t = alias.narrow(0, l.begin_of(r) + c, std::min(allgather_bucket_, l.part - c));
-        works.push_back(comm_->broadcast_async(t, static_cast<int>(r)));
+        unit.inflight.push_back(comm_->broadcast_async(t, static_cast<int>(r)));
       }
   }
-  for (auto& w : works) w->wait();
+  live_elements_ += unit.numel;
   gathered_bytes_peak_ = std::max(gathered_bytes_peak_, gathered_bytes_);
+  // Marked gathered with its broadcasts possibly under way: whoever uses it calls fetch_unit,
+  // which waits for them.
   unit.gathered = true;
+}
+
+void ZeroBackend::fetch_unit(size_t u) {
+  Unit& unit = *units_[u];
+  if (!unit.gathered) start_gather(u);
+  for (auto& w : unit.inflight) w->wait();
+  unit.inflight.clear();
 }
 
 void ZeroBackend::release_unit(size_t u) {
   Unit& unit = *units_[u];
   if (!unit.gathered || unit.persistent || unit.users > 0 || holding_all_ > 0 || released_model_) return;
+  for (auto& w : unit.inflight) w->wait();  // a prefetch not used in the end
+  unit.inflight.clear();
   for (size_t g : unit.groups) {
     Group& grp = *groups_[g];
     c10::StorageImpl* storage = grp.flat.storage().unsafeGetStorageImpl();
@@ -556,7 +570,56 @@ void ZeroBackend::release_unit(size_t u) {
     storage->set_data_ptr_noswap(at::DataPtr(nullptr, grp.flat.device()));
     storage->set_nbytes(0);
   }
+  live_elements_ -= unit.numel;
   unit.gathered = false;
+}
+
+// The parameter coordinator (DeepSpeed's): the first step records the order in which the
+// layers ask for their parameters (forwards, backwards, recomputations, every micro-batch);
+// later steps follow it with a cursor. A layer done with its parameters keeps them when it
+// asks again within stage3_max_reuse_distance elements of others' (and the gathered ones stay
+// within stage3_max_live_parameters); each request starts the gathers of the next layers in
+// the trace, up to stage3_prefetch_bucket_size elements and the live limit, in the background.
+// Every rank runs the same layers in the same order, so all issue the same collectives.
+void ZeroBackend::note_request(size_t u) {
+  if (tracing_) {
+    trace_.push_back(u);
+    return;
+  }
+  if (!traced_ || !in_step_) return;
+  if (cursor_ < trace_.size() && trace_[cursor_] == u) {
+    ++cursor_;
+    return;
+  }
+  // Off the trace (another path than the first step's): on from the next request of this
+  // layer, or no more prefetch in this step.
+  size_t j = cursor_;
+  while (j < trace_.size() && trace_[j] != u) ++j;
+  cursor_ = j < trace_.size() ? j + 1 : trace_.size();
+}
+
+bool ZeroBackend::reused_soon(size_t u) const {
+  if (!traced_ || !in_step_ || live_elements_ > max_live_) return false;
+  int64_t between = 0;
+  for (size_t j = cursor_; j < trace_.size(); ++j) {
+    if (trace_[j] == u) return true;
+    between += units_[trace_[j]]->numel;
+    if (between > max_reuse_) return false;
+  }
+  return false;
+}
+
+void ZeroBackend::prefetch() {
+  if (!traced_ || !in_step_ || prefetch_bucket_ <= 0) return;
+  int64_t budget = prefetch_bucket_;
+  for (size_t j = cursor_; j < trace_.size(); ++j) {
+    Unit& next = *units_[trace_[j]];
+    if (next.gathered) continue;
+    if (next.numel > budget || live_elements_ + next.numel > max_live_) break;
+    start_gather(trace_[j]);
+    budget -= next.numel;
+    ++prefetched_;
+  }
 }
 
 void ZeroBackend::hold_all() {
@@ -575,7 +638,10 @@ void ZeroBackend::fetch_layer(const torch::nn::Module& layer, bool for_backward)
   const auto it = unit_of_layer_.find(&layer);
   if (it == unit_of_layer_.end()) return;
   if (!for_backward) ++units_[it->second]->users;
+  if (holding_all_ > 0) return;
+  note_request(it->second);
   fetch_unit(it->second);
+  prefetch();
 }
 
 void ZeroBackend::layer_done(const torch::nn::Module& layer) {
@@ -583,16 +649,21 @@ void ZeroBackend::layer_done(const torch::nn::Module& layer) {
   if (it == unit_of_layer_.end()) return;
   Unit& unit = *units_[it->second];
   if (unit.users > 0) --unit.users;
-  // Let go after the forward; in a backward (a checkpointed block recomputed) the parameters
-  // are fetched again by the recomputed output's backward.
-  release_unit(it->second);
+  // Let go after the forward unless asked again soon; in a backward (a checkpointed block
+  // recomputed) the parameters are fetched again by the recomputed output's backward.
+  if (!reused_soon(it->second)) release_unit(it->second);
 }
 
 void ZeroBackend::run_micro_batches(MicroBatchRunner& runner) {
   if (stage_ != 3) return Backend::run_micro_batches(runner);
+  tracing_ = !traced_;
+  in_step_ = true;
+  cursor_ = 0;
   fetch_unit(root_);  // embeddings, final norm, heads: used before and after the layers
   Backend::run_micro_batches(runner);
-  release_unit(root_);
+  traced_ = true;
+  tracing_ = in_step_ = false;
+  for (size_t u = 0; u < units_.size(); ++u) release_unit(u);  // the partitions only, between steps
 }
 
 void ZeroBackend::begin_eval() { hold_all(); }
@@ -679,8 +750,12 @@ void ZeroBackend::build_partitions(const OptimizerConfig& o, const std::vector<P
   }
   optimizer_ = std::make_unique<PartitionAdam>(o, std::move(slots));
   if (stage_ == 3) {
-    for (size_t g = 0; g < groups_.size(); ++g)
-      if (partitioned(g)) gathered_bytes_ += groups_[g]->flat.numel() * static_cast<int64_t>(groups_[g]->flat.element_size());
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      units_[unit_of_group_[g]]->numel += layouts_[g].padded;
+      if (!partitioned(g)) continue;
+      gathered_bytes_ += groups_[g]->flat.numel() * static_cast<int64_t>(groups_[g]->flat.element_size());
+      live_elements_ += layouts_[g].padded;
+    }
     for (size_t u = 0; u < units_.size(); ++u) release_unit(u);  // every rank keeps only its partitions
     layer_params_ = std::make_shared<ZeroLayerParams>(alive_);
     for (const auto& [layer, u] : unit_of_layer_) set_layer_params(*layer, layer_params_);
@@ -765,7 +840,7 @@ void ZeroBackend::grad_ready(size_t param) {
   --buckets_[bucket_of_[param]]->pending;
   if (stage_ == 3) {  // a layer whose gradients are all in: its backward is over, let it go
     Unit& unit = *units_[unit_of_param_[param]];
-    if (--unit.pending == 0 && unit.layer != nullptr) release_unit(unit_of_param_[param]);
+    if (--unit.pending == 0 && unit.layer != nullptr && !reused_soon(unit_of_param_[param])) release_unit(unit_of_param_[param]);
   }
   if (!overlap_) return;
   // Launch in bucket order only, so every rank issues the same collectives in the same order
@@ -848,9 +923,10 @@ void ZeroBackend::backward(const at::Tensor& loss, const MicroStep& m) {
     // same buckets on every rank: which parameters accumulate twice is the model's structure).
     for (size_t b = 0; b < buckets_.size(); ++b)
       if (late_[b]) launch(b);
-    // Layers with a parameter that got no gradient (unused in this micro-step) are let go now.
+    // Layers with a parameter that got no gradient (unused in this micro-step) are let go now,
+    // unless asked again soon (a prefetch for the next micro-batch is one).
     for (size_t u = 0; u < units_.size(); ++u)
-      if (units_[u]->layer != nullptr) release_unit(u);
+      if (units_[u]->layer != nullptr && units_[u]->inflight.empty() && !reused_soon(u)) release_unit(u);
     return;
   }
   loss.backward();  // stage 0/1: accumulates into the flat gradient

@@ -112,6 +112,8 @@ class ZeroBackend : public Backend {
   /// the persistent ones) and whether each holds its whole parameters now.
   size_t unit_count() const { return units_.size(); }
   bool unit_gathered(size_t u) const;
+  /// Stage 3 (tests): units gathered ahead of their request so far.
+  uint64_t prefetched() const { return prefetched_; }
   /// Called by the models' layer loops through in_layer (stage 3).
   void fetch_layer(const torch::nn::Module& layer, bool for_backward);
   void layer_done(const torch::nn::Module& layer);
@@ -123,8 +125,12 @@ class ZeroBackend : public Backend {
   struct Unit;
   /// Stage 3: the trainable parameters split by unit (then by decay group).
   std::vector<ParamGroup> split_by_unit(const std::vector<ParamGroup>& split);
-  void fetch_unit(size_t u);
+  void start_gather(size_t u);  ///< allocates and starts the broadcasts (a prefetch when not waited)
+  void fetch_unit(size_t u);    ///< gathered when it returns
   void release_unit(size_t u);
+  void note_request(size_t u);  ///< records the trace (first step) or follows it
+  bool reused_soon(size_t u) const;
+  void prefetch();
   void hold_all();     ///< every unit gathered until let_go_all (eval, export)
   void let_go_all();
   bool partitioned(size_t group) const;  ///< stage 3 and not persistent: the flat buffer comes and goes
@@ -185,6 +191,12 @@ class ZeroBackend : public Backend {
   std::shared_ptr<LayerParams> layer_params_;
   int holding_all_ = 0;
   bool released_model_ = false;
+  int64_t prefetch_bucket_ = 0, max_live_ = 0, max_reuse_ = 0;
+  int64_t live_elements_ = 0;  ///< of the units gathered (or being gathered) now, persistent ones left out
+  std::vector<size_t> trace_;  ///< the layers' requests of the first step, in order
+  bool tracing_ = false, traced_ = false, in_step_ = false;
+  size_t cursor_ = 0;
+  uint64_t prefetched_ = 0;
   int64_t gathered_bytes_ = 0, gathered_bytes_peak_ = 0;
 };
 
