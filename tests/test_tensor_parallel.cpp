@@ -30,6 +30,7 @@
 #include "polytrain/parallel/tensor_parallel/tp_plan.h"
 #include "polytrain/parallel/tensor_parallel/tp_region.h"
 #include "polytrain/parallel/universal_state.h"
+#include "polytrain/parallel/zero/zero_export.h"
 #include "polytrain/checkpoint/checkpoint.h"
 #include "polytrain/trainer/trainer.h"
 #include "helpers/forked_ranks.h"
@@ -470,15 +471,19 @@ TEST_P(TpContract, Tp2Dp1Tp2Dp2AndTp2Dp2Zero2OffloadReproduceOneProcessOver30Ste
 }
 
 // ZeRO stage 3 (every layer's parameters partitioned: the persistence threshold at 0) against
-// one process: at 2 ranks; at 4 ranks with the parameters and the optimizer offloaded to the
-// CPU; and TP 2 x DP 2 (each TP part partitioned over its dp group).
+// one process: at 2 and 4 ranks, each without and with the parameters and the optimizer
+// offloaded to the CPU; and TP 2 x DP 2 (each TP part partitioned over its dp group).
 TEST_P(TpContract, Zero3AtDp2Dp4OffloadAndTp2Dp2ReproducesOneProcessOver30Steps) {
   TpRun dp2{2, 0}, dp4{4, 0}, tp2dp2{4, 2};
   dp2.env = dp4.env = "deepspeed";
   dp2.zero = dp4.zero = tp2dp2.zero = 3;
-  dp4.offload = true;
+  TpRun dp2_offload = dp2, dp4_offload = dp4;
+  dp2_offload.offload = dp4_offload.offload = true;
   expect_runs_follow_one_process(GetParam(), "zero3_contract",
-                                 {{"ZeRO-3 at dp 2", dp2}, {"ZeRO-3 at dp 4 + offload_param + offload_optimizer", dp4},
+                                 {{"ZeRO-3 at dp 2", dp2},
+                                  {"ZeRO-3 at dp 2 + offload_param + offload_optimizer", dp2_offload},
+                                  {"ZeRO-3 at dp 4", dp4},
+                                  {"ZeRO-3 at dp 4 + offload_param + offload_optimizer", dp4_offload},
                                   {"tp2 x dp2 ZeRO-3", tp2dp2}});
 }
 
@@ -807,6 +812,18 @@ TEST(UniversalCheckpoint, Zero3SavesAndResumesAcrossLayoutsOnTheUninterruptedCur
     TpRun save = pairs[s].first;
     save.steps = saved_at, save.save_interval = saved_at;
     train("gpt2", saved, save);
+    if (s == 0) {  // zero_to_fp32's reader puts the stage-3 partitions back together: the model saved
+      const CheckpointReader ck((saved / "ckpt").string(), latest_checkpoint_tag((saved / "ckpt").string()));
+      const ZeroConsolidated whole = consolidate_zero_shards(ShardReader(ck));
+      EXPECT_EQ(whole.shards, 2);
+      std::map<std::string, at::Tensor> model;
+      for (auto& [name, t] : load_safetensors((saved / "model.safetensors").string())) model[name] = t;
+      for (const auto& [name, st] : whole.params) {
+        ASSERT_TRUE(model.count(name)) << name;
+        EXPECT_TRUE(torch::equal(st.master.reshape(model[name].sizes()), model[name])) << name;
+      }
+      EXPECT_EQ(whole.params.size(), model.size());
+    }
     for (size_t r = 0; r < pairs[s].second.size(); ++r) {
       const auto& [label, resume] = pairs[s].second[r];
       SCOPED_TRACE(std::string(s == 0 ? "ZeRO-3 x2" : "ZeRO-1 x2") + " -> " + label);
