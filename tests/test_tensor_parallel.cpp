@@ -487,35 +487,51 @@ TEST_P(TpContract, Zero3AtDp2Dp4OffloadAndTp2Dp2ReproducesOneProcessOver30Steps)
                                   {"tp2 x dp2 ZeRO-3", tp2dp2}});
 }
 
-// ZeRO-3 in bf16 (bf16 parameters, fp32 masters) at 2 ranks against ZeRO-2 in bf16 at 2 ranks:
-// the same reductions of the same bf16 gradients, so the same losses and weights bit for bit
-// (the gathers move the parameters, they change no value); and against one process in bf16
-// within bf16 rounding (the two ranks' gradients are summed in another order).
-TEST_P(TpContract, Zero3InBf16EqualsZero2AtTheSameRanksBitForBit) {
+// ZeRO-3 in bf16 (bf16 parameters, fp32 masters) against ZeRO-2 in bf16 on the same ranks. At 2
+// ranks: the same reductions of the same bf16 gradients, so the same losses and weights bit for
+// bit (the gathers move the parameters, they change no value). At 4 ranks with the offloads:
+// within bf16 rounding of stage 2 (measured 1.5e-4; the reduce buffers hold other runs of
+// parameters, as stage 3 groups them by block, and a sum of four bf16 values can round in
+// another order, where a sum of two cannot). Both
+// against one process in bf16 within bf16 rounding (the ranks' gradients are summed in another
+// order).
+TEST_P(TpContract, Zero3InBf16FollowsZero2OnTheSameRanks) {
   const std::string family = GetParam();
   TempDir tmp("zero3_bf16");
-  const fs::path one = tmp.path / "one", z2 = tmp.path / "zero2", z3 = tmp.path / "zero3";
   TpRun r{1, 0};
   r.env = "deepspeed";
   r.zero = 2;
   r.bf16 = true;
-  train(family, one, r);
-  r.world = 2;
-  train(family, z2, r);
-  r.zero = 3;
-  train(family, z3, r);
-  const auto l2 = losses(z2), l3 = losses(z3), l1 = losses(one);
-  ASSERT_EQ(l2.size(), l3.size());
-  for (size_t i = 0; i < l2.size(); ++i) EXPECT_EQ(l2[i], l3[i]) << family << " step " << i + 1;
-  std::map<std::string, at::Tensor> w2;
-  for (auto& [name, t] : load_safetensors((z2 / "model.safetensors").string())) w2[name] = t;
-  for (auto& [name, t] : load_safetensors((z3 / "model.safetensors").string()))
-    EXPECT_TRUE(torch::equal(t, w2.at(name))) << family << ": " << name;
-  double worst = 0;
-  for (size_t i = 0; i < l1.size(); ++i) worst = std::max(worst, std::abs(l3[i] / l1[i] - 1));
-  std::printf("[zero3] %s bf16 at 2 ranks vs one process: worst relative loss difference %.3g\n", family.c_str(), worst);
-  EXPECT_LT(worst, 0.01);
-  EXPECT_LT(l3.back(), l3.front());
+  train(family, tmp.path / "one", r);
+  const auto l1 = losses(tmp.path / "one");
+  for (const int world : {2, 4}) {
+    const std::string w = std::to_string(world);
+    const fs::path z2 = tmp.path / ("zero2_" + w), z3 = tmp.path / ("zero3_" + w);
+    r.world = world;
+    r.offload = world == 4;
+    r.zero = 2;
+    train(family, z2, r);
+    r.zero = 3;
+    train(family, z3, r);
+    const auto l2 = losses(z2), l3 = losses(z3);
+    ASSERT_EQ(l2.size(), l3.size());
+    double worst = 0, worst2 = 0;
+    for (size_t i = 0; i < l1.size(); ++i) worst = std::max(worst, std::abs(l3[i] / l1[i] - 1));
+    for (size_t i = 0; i < l2.size(); ++i) worst2 = std::max(worst2, std::abs(l3[i] / l2[i] - 1));
+    std::printf("[zero3] %s bf16 at %d ranks%s: worst relative loss difference vs stage 2 %.3g, vs one process %.3g\n",
+                family.c_str(), world, r.offload ? " + offload" : "", worst2, worst);
+    EXPECT_LT(worst, 0.01);
+    if (world == 2) {
+      for (size_t i = 0; i < l2.size(); ++i) EXPECT_EQ(l2[i], l3[i]) << family << " step " << i + 1;
+      std::map<std::string, at::Tensor> w2;
+      for (auto& [name, t] : load_safetensors((z2 / "model.safetensors").string())) w2[name] = t;
+      for (auto& [name, t] : load_safetensors((z3 / "model.safetensors").string()))
+        EXPECT_TRUE(torch::equal(t, w2.at(name))) << family << ": " << name;
+    } else {
+      EXPECT_LT(worst2, 0.01);
+    }
+    EXPECT_LT(l3.back(), l3.front());
+  }
 }
 
 // GPT-2 with bf16 autocast and ZeRO-1 at TP 2 x DP 2 against ZeRO-1 in one process: the same
