@@ -172,7 +172,9 @@ void run_gelu(const void* ctx, int64_t v0, int64_t v1) {
     std::memcpy(x, static_cast<const T*>(j.x) + whole * kLanes, r * sizeof(T));
     if (j.g) std::memcpy(g, static_cast<const T*>(j.g) + whole * kLanes, r * sizeof(T));
     const GeluJob tail{x, j.g ? g : nullptr, out, kLanes};
-    GeluBody<T>::run(tail, 0, 1);
+    // The body's build too (AVX-512 / AVX2 with FMA): the generic build rounds some inputs
+    // differently, and an element's bits would depend on whether it falls in the tail.
+    dispatch<GeluBody<T>>(tail, 0, 1);
     std::memcpy(static_cast<T*>(j.out) + whole * kLanes, out, r * sizeof(T));
   }
 }
