@@ -434,6 +434,7 @@ struct Stack3 : torch::nn::Module {
   torch::nn::Linear in{nullptr}, out{nullptr};
   torch::nn::ModuleList blocks{nullptr};
   std::function<void(size_t)> inside;  // called in block i's forward
+  std::vector<size_t> order = {0, 1, 2, 3};  // the blocks as the loop runs them (ALBERT: one, many times)
   Stack3() {
     in = register_module("in", torch::nn::Linear(16, 48));
     blocks = register_module("blocks", torch::nn::ModuleList());
@@ -446,7 +447,7 @@ struct Stack3 : torch::nn::Module {
   }
   at::Tensor loss(const at::Tensor& x, bool checkpoint = false) {
     at::Tensor h = in(x);
-    for (size_t i = 0; i < blocks->size(); ++i) {
+    for (size_t i : order) {
       auto* b = blocks->ptr<Block3>(i).get();
       auto run = [&, b, i](const at::Tensor& t) {
         return in_layer(*b, [&] {
@@ -484,8 +485,9 @@ struct LambdaRunner : MicroBatchRunner {
 };
 
 // The one-process run of the same 3 steps (Adam, the mean over the ranks' batches): its losses.
-std::vector<double> stage3_reference(int world) {
+std::vector<double> stage3_reference(int world, const std::vector<size_t>& order = {0, 1, 2, 3}) {
   auto model = std::make_shared<Stack3>();
+  model->order = order;
   torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(0.01));
   std::vector<double> out;
   for (int step = 0; step < 3; ++step) {
@@ -621,6 +623,42 @@ TEST(ZeroStage3, PrefetchAndReuseFollowTheFirstStepsTrace) {
       }
     });
   }
+}
+
+// Blocks applied more than once per forward, as ALBERT's shared layers are (here 0, 1, 0, 1, 2,
+// 3), with and without activation checkpointing, without the coordinator and at its defaults:
+// the losses are one process's, and between steps only the partitions remain.
+TEST(ZeroStage3, BlocksAppliedTwiceAsAlbertsSharedLayersFollowOneProcess) {
+  at::set_num_threads(1);
+  const int world = 2;
+  const std::vector<size_t> order = {0, 1, 0, 1, 2, 3};
+  const auto ref = stage3_reference(world, order);
+  for (bool checkpoint : {false, true})
+    for (bool coordinator : {false, true}) {
+      on_threads(world, [&](int rank, std::unique_ptr<Communicator> comm) {
+        auto cfg = stage3_config(world, 0,
+                                 coordinator ? json::object()
+                                             : json{{"stage3_prefetch_bucket_size", 0}, {"stage3_max_reuse_distance", 0}});
+        ZeroBackend zero(cfg, std::move(comm));
+        auto model = std::make_shared<Stack3>();
+        model->order = order;
+        zero.prepare(model, cfg);
+        for (int step = 0; step < 3; ++step) {
+          const at::Tensor x = stage3_batch(world, rank, step);
+          LambdaRunner runner;
+          runner.f = [&] {
+            at::Tensor l = model->loss(x, checkpoint);
+            if (rank == 0)
+              EXPECT_NEAR(l.item<double>(), ref[step], 1e-6 * std::abs(ref[step]))
+                  << "step " << step << (checkpoint ? ", checkpointed" : "") << (coordinator ? ", coordinator" : "");
+            return l;
+          };
+          zero.run_micro_batches(runner);
+          zero.step(StepRequest{0.01}, step);
+          for (size_t u = 0; u < 5; ++u) EXPECT_FALSE(zero.unit_gathered(u)) << "unit " << u << " after step " << step;
+        }
+      });
+    }
 }
 
 // Parameters below stage3_param_persistence_threshold stay whole on every rank (the biases
