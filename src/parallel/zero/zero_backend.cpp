@@ -524,7 +524,6 @@ bool ZeroBackend::unit_gathered(size_t u) const { return units_.at(u)->gathered;
 
 void ZeroBackend::start_gather(size_t u) {
   Unit& unit = *units_[u];
-  torch::NoGradGuard no_grad;
   for (size_t g : unit.groups) {
     Group& grp = *groups_[g];
     const ZeroLayout& l = layouts_[g];
@@ -533,16 +532,7 @@ void ZeroBackend::start_gather(size_t u) {
     storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
     storage->set_nbytes(nbytes);
     gathered_bytes_ += static_cast<int64_t>(nbytes);
-    // Written through an alias with a version counter of its own: the parameters (views of
-    // the flat buffer) keep theirs, so what autograd saved of them in forward stays valid for
-    // the backward that follows this gather.
-    at::Tensor alias = at::from_blob(grp.flat.data_ptr(), {l.padded}, grp.flat.options());
-    alias.narrow(0, l.begin_of(owner_), l.part).copy_(grp.flat_part);
-    for (int64_t r = 0; r < owners_; ++r)
-      for (int64_t c = 0; c < l.part; c += allgather_bucket_) {
-        at::Tensor t = alias.narrow(0, l.begin_of(r) + c, std::min(allgather_bucket_, l.part - c));
-        unit.inflight.push_back(comm_->broadcast_async(t, static_cast<int>(r)));
-      }
+    broadcast_partitions(g, unit.inflight);
   }
   live_elements_ += unit.numel;
   gathered_bytes_peak_ = std::max(gathered_bytes_peak_, gathered_bytes_);
@@ -934,25 +924,31 @@ void ZeroBackend::backward(const at::Tensor& loss, const MicroStep& m) {
     for (size_t b = 0; b < buckets_.size(); ++b) launch(b);
 }
 
+void ZeroBackend::broadcast_partitions(size_t group, std::vector<std::unique_ptr<CommWork>>& works) {
+  Group& g = *groups_[group];
+  const ZeroLayout& l = layouts_[group];
+  torch::NoGradGuard no_grad;
+  at::Tensor flat = g.flat;
+  if (partitioned(group)) {
+    // Stage 3: the owned partition lives apart; it is written in through an alias with a
+    // version counter of its own, so the parameters (views of the flat buffer) keep theirs and
+    // what autograd saved of them in forward stays valid for the backward after this gather.
+    flat = at::from_blob(g.flat.data_ptr(), {l.padded}, g.flat.options());
+    flat.narrow(0, l.begin_of(owner_), l.part).copy_(g.flat_part);
+  }
+  for (int64_t r = 0; r < owners_; ++r)
+    for (int64_t c = 0; c < l.part; c += allgather_bucket_) {
+      at::Tensor t = flat.narrow(0, l.begin_of(r) + c, std::min(allgather_bucket_, l.part - c));
+      works.push_back(comm_->broadcast_async(t, static_cast<int>(r)));
+    }
+}
+
 void ZeroBackend::gather_params() {
   if (owners_ == 1) return;
   std::vector<std::unique_ptr<CommWork>> works;
-  torch::NoGradGuard no_grad;
-  for (auto& g : groups_) {
-    const ZeroLayout& l = layouts_[g->index];
-    at::Tensor flat = g->flat;
-    if (partitioned(g->index)) {
-      // Stage 3: a unit let go is gathered when used next; one held (eval, export) now.
-      if (!units_[unit_of_group_[g->index]]->gathered) continue;
-      flat = at::from_blob(g->flat.data_ptr(), {l.padded}, g->flat.options());
-      flat.narrow(0, l.begin_of(owner_), l.part).copy_(g->flat_part);
-    }
-    for (int64_t r = 0; r < owners_; ++r)
-      for (int64_t c = 0; c < l.part; c += allgather_bucket_) {
-        at::Tensor t = flat.narrow(0, l.begin_of(r) + c, std::min(allgather_bucket_, l.part - c));
-        works.push_back(comm_->broadcast_async(t, static_cast<int>(r)));
-      }
-  }
+  for (size_t g = 0; g < groups_.size(); ++g)
+    // Stage 3: a unit let go is gathered when used next; one held (eval, export) now.
+    if (!partitioned(g) || units_[unit_of_group_[g]]->gathered) broadcast_partitions(g, works);
   for (auto& w : works) w->wait();
 }
 

@@ -125,6 +125,9 @@ class ZeroBackend : public Backend {
   struct Unit;
   /// Stage 3: the trainable parameters split by unit (then by decay group).
   std::vector<ParamGroup> split_by_unit(const std::vector<ParamGroup>& split);
+  /// Each owner's partition of the group's flat buffer broadcast into it (stage 3: the own one
+  /// copied in first); the works are appended to `works`.
+  void broadcast_partitions(size_t group, std::vector<std::unique_ptr<CommWork>>& works);
   void start_gather(size_t u);  ///< allocates and starts the broadcasts (a prefetch when not waited)
   void fetch_unit(size_t u);    ///< gathered when it returns
   void release_unit(size_t u);
