@@ -23,6 +23,21 @@ bool comm_engine_available(const std::string& engine) {
   return false;
 }
 
+std::unique_ptr<CommWork> Communicator::send_async(const at::Tensor&, int, int) {
+  throw Error(engine() + ": no point-to-point (send) in this communicator");
+}
+
+std::unique_ptr<CommWork> Communicator::recv_async(at::Tensor&, int, int) {
+  throw Error(engine() + ": no point-to-point (recv) in this communicator");
+}
+
+void Communicator::check_p2p(const at::Tensor& t, int peer, int tag, const char* op) const {
+  PT_CHECK(peer >= 0 && peer < size() && peer != rank(), engine(), " ", op, " on rank ", rank(), " of ", size(),
+           ": peer rank ", peer, " is not another rank of this communicator");
+  PT_CHECK(tag >= 0 && tag < kMaxTag, engine(), " ", op, ": tag ", tag, " is outside [0, 2^24)");
+  PT_CHECK(t.is_contiguous(), engine(), " ", op, " needs a contiguous tensor");
+}
+
 std::unique_ptr<Communicator> make_communicator(const CommOptions& opts) {
   std::string engine = opts.engine;
   const DistEnv env = read_dist_env();

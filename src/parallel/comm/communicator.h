@@ -1,6 +1,7 @@
 // The Communicator: the collectives every multi-process backend stands on (all_reduce,
-// reduce_scatter, all_gather, broadcast, reduce, barrier, sub-groups), sync or async, over an
-// existing engine: Gloo (libtorch c10d, CPU), Open MPI (CPU, under mpirun), NCCL (CUDA).
+// reduce_scatter, all_gather, broadcast, reduce, barrier, sub-groups) and point-to-point
+// send/recv (pipeline stages), sync or async, over an existing engine: Gloo (libtorch c10d,
+// CPU), Open MPI (CPU, under mpirun), NCCL (CUDA).
 // This header is engine-free; make_communicator() picks one. No collective algorithm lives
 // here: where an engine lacks an operation, each implementation states its fallback.
 #pragma once
@@ -49,6 +50,19 @@ class Communicator {
   /// MPI_Comm_split. Every rank must call it (collective).
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
 
+  /// Point-to-point. Sends `t` (contiguous) to rank `dst` of this communicator, matched on the
+  /// receiver by `tag` (0 <= tag < kMaxTag, and <= MPI_TAG_UB under MPI). Gloo and MPI match by
+  /// (source, tag), one tag's messages in send order; NCCL has no tags and matches a pair's
+  /// messages in call order. Any dtype travels bit-exact, as raw bytes. `t` must stay alive and
+  /// unchanged until wait() returns. A peer that is gone, or a transfer silent past the timeout,
+  /// fails wait() as the collectives do (a CommFailure under Gloo and NCCL).
+  /// The defaults throw: a wrapper over an engine without point-to-point says so.
+  virtual std::unique_ptr<CommWork> send_async(const at::Tensor& t, int dst, int tag);
+  /// Receives into `t` (contiguous, the sender's dtype and element count) from rank `src`'s
+  /// message with `tag`.
+  virtual std::unique_ptr<CommWork> recv_async(at::Tensor& t, int src, int tag);
+  static constexpr int kMaxTag = 1 << 24;
+
   void all_reduce(at::Tensor& t, ReduceOp op = ReduceOp::kSum) { all_reduce_async(t, op)->wait(); }
   void reduce_scatter(at::Tensor& out, const at::Tensor& in, ReduceOp op = ReduceOp::kSum) {
     reduce_scatter_async(out, in, op)->wait();
@@ -56,6 +70,13 @@ class Communicator {
   void all_gather(at::Tensor& out, const at::Tensor& in) { all_gather_async(out, in)->wait(); }
   void broadcast(at::Tensor& t, int root = 0) { broadcast_async(t, root)->wait(); }
   void reduce(at::Tensor& t, int root, ReduceOp op = ReduceOp::kSum) { reduce_async(t, root, op)->wait(); }
+  void send(const at::Tensor& t, int dst, int tag = 0) { send_async(t, dst, tag)->wait(); }
+  void recv(at::Tensor& t, int src, int tag = 0) { recv_async(t, src, tag)->wait(); }
+
+ protected:
+  /// The checks every engine's send_async/recv_async makes first: `peer` is another rank of
+  /// this communicator, `tag` in range, `t` contiguous. `op` is "send" or "recv".
+  void check_p2p(const at::Tensor& t, int peer, int tag, const char* op) const;
 };
 
 struct CommOptions {

@@ -3,6 +3,8 @@
 // all-reduce of n bytes counts 2n (a reduce-scatter plus an all-gather), a reduce,
 // reduce-scatter or broadcast of n bytes counts n, an all-gather counts its output. So DDP's
 // step is 2 x the gradient bytes, and ZeRO's reductions plus its parameter gather are too.
+// Point-to-point counts the bytes a rank sends (p2p_bytes), not those it receives: summed over
+// the ranks, each message counts once.
 #pragma once
 
 #include <atomic>
@@ -39,16 +41,24 @@ class CountingCommunicator : public Communicator {
     reduce_bytes += bytes(t);
     return inner_->reduce_async(t, root, op);
   }
+  std::unique_ptr<CommWork> send_async(const at::Tensor& t, int dst, int tag) override {
+    p2p_bytes += bytes(t);
+    return inner_->send_async(t, dst, tag);
+  }
+  std::unique_ptr<CommWork> recv_async(at::Tensor& t, int src, int tag) override {
+    return inner_->recv_async(t, src, tag);
+  }
   void barrier() override { inner_->barrier(); }
   std::unique_ptr<Communicator> split(int color, int key) override {
     return std::make_unique<CountingCommunicator>(inner_->split(color, key));
   }
-  int64_t total() const { return all_reduce_bytes + reduce_bytes + gather_bytes; }
-  void reset() { all_reduce_bytes = reduce_bytes = gather_bytes = 0; }
+  int64_t total() const { return all_reduce_bytes + reduce_bytes + gather_bytes + p2p_bytes; }
+  void reset() { all_reduce_bytes = reduce_bytes = gather_bytes = p2p_bytes = 0; }
 
   std::atomic<int64_t> all_reduce_bytes{0};  ///< counted 2x (see the file comment)
   std::atomic<int64_t> reduce_bytes{0};      ///< reduce and reduce_scatter
   std::atomic<int64_t> gather_bytes{0};      ///< broadcast and all_gather
+  std::atomic<int64_t> p2p_bytes{0};         ///< send (receives are the senders' bytes)
 
  private:
   static int64_t bytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }

@@ -9,6 +9,10 @@
 // on one host"). MPI needs every rank to start its collectives on a communicator in the same
 // order, so each communicator starts them from one queue, in call order: an operation starts
 // only once every step of the ones before it has started.
+// Point-to-point (MPI_Isend / MPI_Irecv of the raw bytes, any dtype bit-exact, with the tag) is
+// not ordered against the collectives: it starts at once, as MPI's own non-blocking calls do,
+// so a receive posted behind a collective still lets its sender finish. Its wait() drives the
+// collective queue as well, the same polling against the same deadline.
 #include "polytrain/parallel/comm/mpi_communicator.h"
 
 #include <mpi.h>
@@ -110,7 +114,7 @@ class OrderedQueue {
     progress();
     return p;
   }
-  void progress() {
+  void progress_ordered() {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto it = ops_.begin(); it != ops_.end();) {
       Pending& p = **it;
@@ -132,6 +136,28 @@ class OrderedQueue {
       it = ops_.erase(it);
     }
   }
+  // A point-to-point operation: started now, outside the order (file comment); progress() tests it.
+  std::shared_ptr<Pending> start_now(const std::function<MPI_Request()>& start) {
+    auto p = std::make_shared<Pending>();
+    std::lock_guard<std::mutex> lock(mu_);
+    p->req = start();
+    p2p_.push_back(p);
+    return p;
+  }
+  void progress() {
+    progress_ordered();
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = p2p_.begin(); it != p2p_.end();) {
+      int flag = 0;
+      check(MPI_Test(&(*it)->req, &flag, MPI_STATUS_IGNORE), "MPI_Test");
+      if (!flag) {
+        ++it;
+        continue;
+      }
+      (*it)->done = true;
+      it = p2p_.erase(it);
+    }
+  }
   bool empty() {
     std::lock_guard<std::mutex> lock(mu_);
     return ops_.empty();
@@ -140,6 +166,7 @@ class OrderedQueue {
  private:
   std::mutex mu_;
   std::deque<std::shared_ptr<Pending>> ops_;
+  std::vector<std::shared_ptr<Pending>> p2p_;
 };
 
 class MpiWork : public CommWork {
@@ -325,6 +352,13 @@ class MpiCommunicator : public Communicator {
         ->wait();
   }
 
+  std::unique_ptr<CommWork> send_async(const at::Tensor& t, int dst, int tag) override {
+    return p2p(t, dst, tag, /*send=*/true);
+  }
+  std::unique_ptr<CommWork> recv_async(at::Tensor& t, int src, int tag) override {
+    return p2p(t, src, tag, /*send=*/false);
+  }
+
   std::unique_ptr<Communicator> split(int color, int key) override {
     // A blocking collective: every rank must have started everything queued before it (a
     // barrier behind them in the queue starts only then).
@@ -348,6 +382,39 @@ class MpiCommunicator : public Communicator {
     auto pending = queue_->submit(std::move(steps));
     return std::make_unique<MpiWork>(queue_, std::move(pending), cat("mpi ", op, " on rank ", rank_, " of ", size_),
                                      timeout_, std::move(then));
+  }
+
+  std::unique_ptr<CommWork> p2p(const at::Tensor& t, int peer, int tag, bool send) {
+    check_p2p(t, peer, tag, send ? "send" : "recv");
+    check_tag(tag);
+    const int bytes = byte_count(t, send ? "send" : "recv");
+    auto pending = queue_->start_now([&] {
+      MPI_Request req;
+      if (send) {
+        check(MPI_Isend(t.data_ptr(), bytes, MPI_BYTE, peer, tag, comm_, &req), "MPI_Isend");
+      } else {
+        check(MPI_Irecv(t.data_ptr(), bytes, MPI_BYTE, peer, tag, comm_, &req), "MPI_Irecv");
+      }
+      return req;
+    });
+    // `then` holds the tensor: MpiWork keeps it alive while the request may still use it.
+    return std::make_unique<MpiWork>(queue_, std::move(pending),
+                                     cat("mpi ", send ? "send to" : "recv from", " rank ", peer, " (tag ", tag,
+                                         ") on rank ", rank_, " of ", size_),
+                                     timeout_, [t] {});
+  }
+  static int byte_count(const at::Tensor& t, const char* op) {
+    const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
+    PT_INPUT_CHECK(bytes <= INT_MAX, "mpi: ", op, " of ", bytes, " bytes exceeds MPI's int count");
+    return static_cast<int>(bytes);
+  }
+  // MPI only promises tags up to 32767 (MPI_TAG_UB; Open MPI's is 2^31 - 1).
+  void check_tag(int tag) const {
+    void* ub = nullptr;
+    int found = 0;
+    MPI_Comm_get_attr(comm_, MPI_TAG_UB, &ub, &found);
+    const int limit = found && ub ? *static_cast<int*>(ub) : 32767;
+    PT_INPUT_CHECK(tag <= limit, "mpi: tag ", tag, " exceeds this MPI's MPI_TAG_UB (", limit, ")");
   }
 
   std::shared_ptr<OrderedQueue> queue_ = std::make_shared<OrderedQueue>();

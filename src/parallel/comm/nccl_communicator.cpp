@@ -2,6 +2,10 @@
 // all-gather), so nothing here falls back. Timeouts: c10d enforces options->timeout only in
 // "blocking wait" mode, which is switched on (unless the user set it) so that a stuck
 // collective fails in wait() naming the rank and operation instead of hanging.
+// Point-to-point is c10d's send/recv (ncclSend/ncclRecv on a communicator c10d makes per pair
+// of ranks the first time they talk). NCCL has no tags: the tag is checked, then ignored, and
+// a pair's messages match in the order they are posted on each side. Tensors travel as their
+// raw bytes, so any dtype goes bit-exact.
 #include "polytrain/parallel/comm/nccl_communicator.h"
 
 #ifndef USE_C10D_NCCL
@@ -90,6 +94,19 @@ class NcclCommunicator : public Communicator {
     return wrap(pg_->reduce(v, o), cat("reduce to rank ", root));
   }
   void barrier() override { wrap(pg_->barrier(), "barrier")->wait(); }
+
+  std::unique_ptr<CommWork> send_async(const at::Tensor& t, int dst, int tag) override {
+    check_p2p(t, dst, tag, "send");
+    if (t.numel() == 0) return std::make_unique<NoWork>();  // the receiver skips it too
+    std::vector<at::Tensor> v{t.reshape({-1}).view(at::kByte)};
+    return wrap(pg_->send(v, dst, tag), cat("send to rank ", dst, " (tag ", tag, ")"));
+  }
+  std::unique_ptr<CommWork> recv_async(at::Tensor& t, int src, int tag) override {
+    check_p2p(t, src, tag, "recv");
+    if (t.numel() == 0) return std::make_unique<NoWork>();
+    std::vector<at::Tensor> v{t.reshape({-1}).view(at::kByte)};
+    return wrap(pg_->recv(v, src, tag), cat("recv from rank ", src, " (tag ", tag, ")"));
+  }
 
   std::unique_ptr<Communicator> split(int color, int key) override {
     const SplitPlace place = split_place(*this, color, key, c10::Device(c10::kCUDA));
