@@ -107,20 +107,26 @@ AlbertTransformerImpl::AlbertTransformerImpl(const AlbertConfig& cfg)
   for (int64_t g = 0; g < cfg.num_hidden_groups; ++g) albert_layer_groups->push_back(AlbertLayerGroup(cfg));
 }
 
+at::Tensor AlbertTransformerImpl::apply_group(int64_t i, at::Tensor x, const at::Tensor& additive_mask) {
+  auto* group = albert_layer_groups->ptr(group_of(i))->as<AlbertLayerGroupImpl>();
+  for (const auto& m : *group->albert_layers) {
+    auto* layer = m->as<AlbertLayerImpl>();
+    // A shared layer is checkpointed per application: each use keeps only its own input.
+    if (checkpoint_layers && is_training())
+      x = checkpointed(
+          [layer, additive_mask](const at::Tensor& h) {
+            return in_layer(*layer, [&] { return layer->forward(h, additive_mask); });
+          },
+          x);
+    else
+      x = in_layer(*layer, [&] { return layer->forward(x, additive_mask); });
+  }
+  return x;
+}
+
 at::Tensor AlbertTransformerImpl::forward(const at::Tensor& embeddings, const at::Tensor& additive_mask) {
   at::Tensor x = embedding_hidden_mapping_in(embeddings);
-  const int64_t layers_per_group = num_hidden_layers_ / num_hidden_groups_;
-  for (int64_t i = 0; i < num_hidden_layers_; ++i) {
-    auto* group = albert_layer_groups->ptr(i / layers_per_group)->as<AlbertLayerGroupImpl>();
-    for (const auto& m : *group->albert_layers) {
-      auto* layer = m->as<AlbertLayerImpl>();
-      // A shared layer is checkpointed per application: each use keeps only its own input.
-      if (checkpoint_layers && is_training())
-        x = checkpointed([layer, additive_mask](const at::Tensor& h) { return in_layer(*layer, [&] { return layer->forward(h, additive_mask); }); }, x);
-      else
-        x = in_layer(*layer, [&] { return layer->forward(x, additive_mask); });
-    }
-  }
+  for (int64_t i = 0; i < num_hidden_layers_; ++i) x = apply_group(i, x, additive_mask);
   return x;
 }
 
@@ -130,13 +136,22 @@ AlbertModelImpl::AlbertModelImpl(const AlbertConfig& cfg, bool add_pooling_layer
   if (add_pooling_layer) pooler = register_module("pooler", torch::nn::Linear(cfg.hidden_size, cfg.hidden_size));
 }
 
-at::Tensor AlbertModelImpl::forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
-                                    const at::Tensor& token_type_ids) {
+std::pair<at::Tensor, at::Tensor> AlbertModelImpl::embed(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                                                         const at::Tensor& token_type_ids) {
   PT_INPUT_CHECK(input_ids.defined() && input_ids.dim() == 2, "input_ids must be [batch, length], got ",
                  input_ids.defined() ? input_ids.sizes() : at::IntArrayRef{});
   auto types = token_type_ids.defined() ? token_type_ids : torch::zeros_like(input_ids);
   auto h = embeddings(input_ids, types);
-  return encoder(h, extended_attention_mask(attention_mask, h.scalar_type()));
+  // The mask in the embeddings' dtype (the projection's output may be autocast's).
+  auto mask = extended_attention_mask(attention_mask, h.scalar_type());
+  return {encoder->embedding_hidden_mapping_in(h), mask};
+}
+
+at::Tensor AlbertModelImpl::forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                                    const at::Tensor& token_type_ids) {
+  auto [x, mask] = embed(input_ids, attention_mask, token_type_ids);
+  for (int64_t i = 0; i < encoder->num_hidden_layers_; ++i) x = encoder->apply_group(i, x, mask);
+  return x;
 }
 
 at::Tensor AlbertModelImpl::pool(const at::Tensor& hidden) {
@@ -198,8 +213,13 @@ AlbertOutput AlbertForMaskedLMImpl::forward(const at::Tensor& input_ids, const a
                                             const at::Tensor& sentence_order_label) {
   PT_INPUT_CHECK(!sentence_order_label.defined() || config_.sentence_order_prediction,
                  "sentence_order_label given, but the model has no SOP head (model.sentence_order_prediction)");
+  return heads(albert(input_ids, attention_mask, token_type_ids), labels, sentence_order_label);
+}
+
+AlbertOutput AlbertForMaskedLMImpl::heads(const at::Tensor& hidden, const at::Tensor& labels,
+                                          const at::Tensor& sentence_order_label) {
   AlbertOutput out;
-  out.hidden_states = albert(input_ids, attention_mask, token_type_ids);
+  out.hidden_states = hidden;
   if (config_.sentence_order_prediction)
     out.sop_logits = sop_classifier(sop_dropout(albert->pool(out.hidden_states)));
 
@@ -213,6 +233,35 @@ AlbertOutput AlbertForMaskedLMImpl::forward(const at::Tensor& input_ids, const a
     out.loss = out.loss.defined() ? out.loss + sop_loss : sop_loss;
   }
   return out;
+}
+
+PipelinePlan AlbertForMaskedLMImpl::pipeline_plan() {
+  PipelinePlan plan;
+  plan.layers.push_back(embeddings_layer(
+      "AlbertEmbeddings", {"albert.embeddings.", "albert.encoder.embedding_hidden_mapping_in."},
+      [this](const at::Tensor& ids, const at::Tensor& mask, const at::Tensor& types) {
+        return albert->embed(ids, mask, types);
+      }));
+  AlbertTransformerImpl* encoder = albert->encoder.get();
+  for (int64_t i = 0; i < encoder->num_hidden_layers_; ++i) {
+    plan.layers.push_back(block_layer(
+        "layer." + std::to_string(i), "AlbertLayerGroup",
+        {"albert.encoder.albert_layer_groups." + std::to_string(encoder->group_of(i)) + "."},
+        [encoder, i](const at::Tensor& h, const at::Tensor& mask) { return encoder->apply_group(i, h, mask); }));
+  }
+  std::vector<std::string> head_params = {"predictions."};
+  if (config_.tie_word_embeddings) head_params.push_back("albert.embeddings.word_embeddings.weight");
+  if (config_.sentence_order_prediction) {
+    head_params.push_back("albert.pooler.");
+    head_params.push_back("sop_classifier.");
+  }
+  plan.layers.push_back(loss_head("AlbertHeads", head_params, [this](const at::Tensor& hidden, const TensorMap& in) {
+    // As examples/train_albert.cpp: the order labels only with the SOP head.
+    const at::Tensor order =
+        config_.sentence_order_prediction ? plan_input(in, "sentence_order_label", "head") : at::Tensor();
+    return heads(hidden, plan_input(in, "labels", "head"), order).loss;
+  }));
+  return plan;
 }
 
 void AlbertForMaskedLMImpl::save_pretrained(const std::string& dir) const {

@@ -17,6 +17,7 @@
 #include "polytrain/models/layer_params.h"
 #include "polytrain/models/albert_config.h"
 #include "polytrain/models/model_output.h"
+#include "polytrain/models/pipeline_plan.h"
 #include "polytrain/models/tp_layers.h"
 
 namespace polytrain {
@@ -72,6 +73,11 @@ TORCH_MODULE(AlbertLayerGroup);
 struct AlbertTransformerImpl : torch::nn::Module {
   explicit AlbertTransformerImpl(const AlbertConfig& cfg);
   at::Tensor forward(const at::Tensor& embeddings, const at::Tensor& additive_mask);
+  /// Application i (0 <= i < num_hidden_layers) of its group's layers on x: in_layer, and each
+  /// layer checkpointed when checkpoint_layers is on in training.
+  at::Tensor apply_group(int64_t i, at::Tensor x, const at::Tensor& additive_mask);
+  /// Which group application i applies.
+  int64_t group_of(int64_t i) const { return i / (num_hidden_layers_ / num_hidden_groups_); }
   torch::nn::Linear embedding_hidden_mapping_in{nullptr};
   torch::nn::ModuleList albert_layer_groups{nullptr};
   int64_t num_hidden_layers_, num_hidden_groups_;
@@ -85,6 +91,10 @@ struct AlbertModelImpl : torch::nn::Module {
   /// -> last hidden states [B, L, hidden_size]
   at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
                      const at::Tensor& token_type_ids);
+  /// The first group application's input (embeddings projected to hidden_size) and the additive
+  /// padding mask ([B, 1, 1, L]; undefined without attention_mask): forward before the layers.
+  std::pair<at::Tensor, at::Tensor> embed(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                                          const at::Tensor& token_type_ids);
   /// tanh(pooler(hidden[:, 0])); needs the pooler.
   at::Tensor pool(const at::Tensor& hidden);
   AlbertEmbeddings embeddings{nullptr};
@@ -112,10 +122,18 @@ class AlbertForMaskedLM;  // TORCH_MODULE holder, defined below
 
 /// ALBERT with the masked-LM head (HF AlbertForMaskedLM) and, when
 /// AlbertConfig::sentence_order_prediction is set, the pooler and SOP head (HF AlbertForPreTraining).
-struct AlbertForMaskedLMImpl : torch::nn::Module, ActivationCheckpointing {
+struct AlbertForMaskedLMImpl : torch::nn::Module, ActivationCheckpointing, PipelinePlanned {
   explicit AlbertForMaskedLMImpl(const AlbertConfig& cfg);
   /// Checkpoints every layer application (a shared layer is recomputed once per use).
   void set_activation_checkpointing(bool on) override;
+  /// "embeddings" (with embedding_hidden_mapping_in; carry "hidden" and the additive "mask"),
+  /// "layer.N" per application of a layer group (num_hidden_layers of them; each lists its
+  /// group's parameters, so a shared group appears in several layers), "head" (the MLM head, the
+  /// pooler and SOP head when built, forward's loss). Inputs: input_ids, labels, attention_mask
+  /// and token_type_ids (optional), sentence_order_label (read with the SOP head, as
+  /// examples/train_albert.cpp passes it). The layers call into this model: the plan must not
+  /// outlive it.
+  PipelinePlan pipeline_plan() override;
   /// labels [B, L]: -100 where no prediction is wanted; sentence_order_label [B]: 0 in order,
   /// 1 swapped (needs the SOP head). loss = MLM cross-entropy (+ SOP cross-entropy when given).
   /// With labels and fused_lm_loss the logits are not formed (left undefined); with
@@ -140,6 +158,10 @@ struct AlbertForMaskedLMImpl : torch::nn::Module, ActivationCheckpointing {
   AlbertMLMHead predictions{nullptr};
   Dropout sop_dropout{nullptr};
   torch::nn::Linear sop_classifier{nullptr};  ///< registered as sop_classifier.classifier
+
+ private:
+  /// The heads on the encoder's output: forward's logits, SOP logits and loss.
+  AlbertOutput heads(const at::Tensor& hidden, const at::Tensor& labels, const at::Tensor& sentence_order_label);
 };
 TORCH_MODULE(AlbertForMaskedLM);
 

@@ -132,14 +132,17 @@ BertEncoderImpl::BertEncoderImpl(const ModelConfig& cfg) {
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) layer->push_back(BertLayer(cfg));
 }
 
+at::Tensor BertEncoderImpl::run_layer(size_t i, const at::Tensor& x, const at::Tensor& additive_mask) {
+  auto* l = layer->ptr(i)->as<BertLayer>();
+  if (checkpoint_layers && is_training())
+    return checkpointed(
+        [l, additive_mask](const at::Tensor& h) { return in_layer(*l, [&] { return l->forward(h, additive_mask); }); },
+        x);
+  return in_layer(*l, [&] { return l->forward(x, additive_mask); });
+}
+
 at::Tensor BertEncoderImpl::forward(at::Tensor x, const at::Tensor& additive_mask) {
-  for (const auto& m : *layer) {
-    auto* l = m->as<BertLayer>();
-    if (checkpoint_layers && is_training())
-      x = checkpointed([l, additive_mask](const at::Tensor& h) { return in_layer(*l, [&] { return l->forward(h, additive_mask); }); }, x);
-    else
-      x = in_layer(*l, [&] { return l->forward(x, additive_mask); });
-  }
+  for (size_t i = 0; i < layer->size(); ++i) x = run_layer(i, x, additive_mask);
   return x;
 }
 
@@ -148,11 +151,17 @@ BertModelImpl::BertModelImpl(const ModelConfig& cfg) {
   encoder = register_module("encoder", BertEncoder(cfg));
 }
 
-at::Tensor BertModelImpl::forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
-                                  const at::Tensor& token_type_ids) {
+std::pair<at::Tensor, at::Tensor> BertModelImpl::embed(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                                                       const at::Tensor& token_type_ids) {
   auto types = token_type_ids.defined() ? token_type_ids : torch::zeros_like(input_ids);
   auto h = embeddings(input_ids, types);
-  return encoder(h, extended_attention_mask(attention_mask, h.scalar_type()));
+  return {h, extended_attention_mask(attention_mask, h.scalar_type())};
+}
+
+at::Tensor BertModelImpl::forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                                  const at::Tensor& token_type_ids) {
+  auto [h, mask] = embed(input_ids, attention_mask, token_type_ids);
+  return encoder(h, mask);
 }
 
 BertLMHeadImpl::BertLMHeadImpl(const ModelConfig& cfg, Embedding word_embeddings)
@@ -223,16 +232,44 @@ void BertForMaskedLMImpl::init_weights(double std) {
   lm_head->bias.zero_();
 }
 
+LmHeadOutput BertForMaskedLMImpl::mlm_output(const at::Tensor& hidden, const at::Tensor& labels) {
+  return masked_lm_head(
+      hidden, labels, [&](const at::Tensor& h) { return lm_head->transform(h); }, lm_head->decoder_weight_,
+      lm_head->bias, score_masked_only_, fused_lm_loss_, &lm_head->decoder_->tp);
+}
+
 ModelOutput BertForMaskedLMImpl::forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
                                          const at::Tensor& token_type_ids, const at::Tensor& labels) {
   ModelOutput out;
   out.hidden_states = encoder_model(input_ids, attention_mask, token_type_ids);
-  auto head = masked_lm_head(
-      out.hidden_states, labels, [&](const at::Tensor& h) { return lm_head->transform(h); }, lm_head->decoder_weight_,
-      lm_head->bias, score_masked_only_, fused_lm_loss_, &lm_head->decoder_->tp);
+  auto head = mlm_output(out.hidden_states, labels);
   out.loss = head.loss;
   out.logits = head.logits;
   return out;
+}
+
+PipelinePlan BertForMaskedLMImpl::pipeline_plan() {
+  const std::string base = is_roberta(config_) ? "roberta." : "bert.";
+  PipelinePlan plan;
+  plan.layers.push_back(embeddings_layer(
+      "BertEmbeddings", {base + "embeddings."},
+      [this](const at::Tensor& ids, const at::Tensor& mask, const at::Tensor& types) {
+        return encoder_model->embed(ids, mask, types);
+      }));
+  BertEncoderImpl* encoder = encoder_model->encoder.get();
+  for (size_t i = 0; i < encoder->layer->size(); ++i) {
+    const std::string n = std::to_string(i);
+    plan.layers.push_back(block_layer(
+        "layer." + n, "BertLayer", {base + "encoder.layer." + n + "."},
+        [encoder, i](const at::Tensor& h, const at::Tensor& mask) { return encoder->run_layer(i, h, mask); }));
+  }
+  // The decoder is the word embedding matrix: the head reads it too (the pipeline sums its two gradients).
+  plan.layers.push_back(loss_head(
+      "BertLMHead", {is_roberta(config_) ? "lm_head." : "cls.predictions.", base + "embeddings.word_embeddings.weight"},
+      [this](const at::Tensor& hidden, const TensorMap& in) {
+        return mlm_output(hidden, plan_input(in, "labels", "head")).loss;
+      }));
+  return plan;
 }
 
 // ---- Hugging Face layout -------------------------------------------------------------------------

@@ -16,7 +16,9 @@
 #include "polytrain/models/activation_checkpoint.h"
 #include "polytrain/models/layer_params.h"
 #include "polytrain/models/attention.h"
+#include "polytrain/models/fused_lm_loss.h"
 #include "polytrain/models/model_output.h"
+#include "polytrain/models/pipeline_plan.h"
 #include "polytrain/models/tp_layers.h"
 
 namespace polytrain {
@@ -85,6 +87,8 @@ TORCH_MODULE(BertLayer);
 struct BertEncoderImpl : torch::nn::Module {
   explicit BertEncoderImpl(const ModelConfig& cfg);
   at::Tensor forward(at::Tensor x, const at::Tensor& additive_mask);
+  /// Layer i on x: in_layer, and checkpointed when checkpoint_layers is on in training.
+  at::Tensor run_layer(size_t i, const at::Tensor& x, const at::Tensor& additive_mask);
   torch::nn::ModuleList layer{nullptr};
   bool checkpoint_layers = false;  ///< recompute each layer in backward (models/activation_checkpoint.h)
 };
@@ -95,6 +99,10 @@ struct BertModelImpl : torch::nn::Module {
   explicit BertModelImpl(const ModelConfig& cfg);
   at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
                      const at::Tensor& token_type_ids);
+  /// The encoder's input and its additive padding mask ([B, 1, 1, L]; undefined without
+  /// attention_mask): forward's first half, a pipeline plan's first layer.
+  std::pair<at::Tensor, at::Tensor> embed(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                                          const at::Tensor& token_type_ids);
   BertEmbeddings embeddings{nullptr};
   BertEncoder encoder{nullptr};
 };
@@ -120,13 +128,18 @@ class BertForMaskedLM;  // TORCH_MODULE holder, defined below
 
 /// BERT (or RoBERTa, by model_type) with the masked-LM head. Parameter names are HF's:
 /// bert.* + cls.predictions.* for BERT, roberta.* + lm_head.* for RoBERTa.
-struct BertForMaskedLMImpl : torch::nn::Module, ActivationCheckpointing, TensorParallelPlanned {
+struct BertForMaskedLMImpl : torch::nn::Module, ActivationCheckpointing, TensorParallelPlanned, PipelinePlanned {
   explicit BertForMaskedLMImpl(const ModelConfig& cfg);
   /// Checkpoints every encoder layer (the embeddings and the head are kept).
   void set_activation_checkpointing(bool on) override;
   /// Megatron's BERT split: vocab-parallel word embeddings and decoder (bias included),
   /// query/key/value and intermediate column-parallel, both output denses row-parallel.
   TpPlan tensor_parallel_plan() const override;
+  /// "embeddings" (carry "hidden" and the additive "mask"), "layer.N" per encoder layer, "head"
+  /// (the MLM head, its decoder the word embeddings, and forward's loss). Inputs: input_ids,
+  /// labels, attention_mask and token_type_ids (both optional, as in forward). The layers call
+  /// into this model: the plan must not outlive it.
+  PipelinePlan pipeline_plan() override;
   /// labels: -100 where no prediction is wanted. When score_masked_only is set, logits are
   /// computed only at labelled positions (same loss, less work; NVIDIA/Megatron BERT do this).
   /// When fused_lm_loss is set and labels are given, the loss is computed without the [N, V]
@@ -151,6 +164,10 @@ struct BertForMaskedLMImpl : torch::nn::Module, ActivationCheckpointing, TensorP
   bool fused_lm_loss_ = true;
   BertModel encoder_model{nullptr};  ///< registered as "bert" or "roberta"
   BertLMHead lm_head{nullptr};       ///< registered as "cls.predictions" path or "lm_head"
+
+ private:
+  /// The MLM head on the encoder's output: the loss (with labels) and logits as forward returns them.
+  LmHeadOutput mlm_output(const at::Tensor& hidden, const at::Tensor& labels);
 };
 TORCH_MODULE(BertForMaskedLM);
 

@@ -114,7 +114,7 @@ Gpt2ModelImpl::Gpt2ModelImpl(const Gpt2Config& cfg) {
   ln_f = register_module("ln_f", layer_norm(cfg));
 }
 
-at::Tensor Gpt2ModelImpl::forward(const at::Tensor& input_ids, const at::Tensor& attention_mask) {
+std::pair<at::Tensor, at::Tensor> Gpt2ModelImpl::embed(const at::Tensor& input_ids, const at::Tensor& attention_mask) {
   const int64_t len = input_ids.size(1);
   PT_INPUT_CHECK(len <= wpe->weight.size(0), "sequence length ", len, " exceeds model.n_positions ",
                  wpe->weight.size(0));
@@ -124,15 +124,26 @@ at::Tensor Gpt2ModelImpl::forward(const at::Tensor& input_ids, const at::Tensor&
   auto masked = torch::ones({len, len}, input_ids.options().dtype(torch::kBool)).triu(1).view({1, 1, len, len});
   if (attention_mask.defined())
     masked = masked.logical_or(attention_mask.eq(0).view({attention_mask.size(0), 1, 1, len}));
+  return {x, masked};
+}
+
+at::Tensor Gpt2ModelImpl::run_block(size_t i, const at::Tensor& x, const at::Tensor& masked) {
+  auto* block = h->ptr(i)->as<Gpt2Block>();
+  auto run = [block, masked](const at::Tensor& t) {
+    return in_layer(*block, [&] { return block->forward(t, masked); });
+  };
+  return checkpoint_blocks && is_training() ? checkpointed(run, x) : run(x);
+}
+
+at::Tensor Gpt2ModelImpl::final_norm(const at::Tensor& x) { return norm(ln_f, x); }
+
+at::Tensor Gpt2ModelImpl::forward(const at::Tensor& input_ids, const at::Tensor& attention_mask) {
+  auto [x, masked] = embed(input_ids, attention_mask);
   if (x.is_cuda() && x.scalar_type() == torch::kFloat && cuda_ops::available() && x.size(-1) <= 8192 &&
       !(checkpoint_blocks && is_training()) && h->size() > 0 && !has_layer_params(*h->ptr(0)))
     return fused_blocks(x, masked);
-  for (const auto& m : *h) {
-    auto* block = m->as<Gpt2Block>();
-    auto run = [block, masked](const at::Tensor& t) { return in_layer(*block, [&] { return block->forward(t, masked); }); };
-    x = checkpoint_blocks && is_training() ? checkpointed(run, x) : run(x);
-  }
-  return norm(ln_f, x);
+  for (size_t i = 0; i < h->size(); ++i) x = run_block(i, x, masked);
+  return final_norm(x);
 }
 
 at::Tensor Gpt2ModelImpl::fused_blocks(at::Tensor x, const at::Tensor& masked) {
@@ -212,8 +223,12 @@ void Gpt2LMHeadModelImpl::init_weights() {
 
 ModelOutput Gpt2LMHeadModelImpl::forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
                                          const at::Tensor& labels) {
+  return lm_output(transformer(input_ids, attention_mask), labels);
+}
+
+ModelOutput Gpt2LMHeadModelImpl::lm_output(const at::Tensor& hidden, const at::Tensor& labels) {
   ModelOutput out;
-  out.hidden_states = transformer(input_ids, attention_mask);
+  out.hidden_states = hidden;
   const at::Tensor w = lm_head_weight();
   if (labels.defined()) {
     // Token t predicts labels[t + 1] (HF shifts inside the model).
@@ -232,6 +247,28 @@ ModelOutput Gpt2LMHeadModelImpl::forward(const at::Tensor& input_ids, const at::
   }
   out.logits = lm_logits(out.hidden_states, w, at::Tensor(), lm_head_slot());
   return out;
+}
+
+PipelinePlan Gpt2LMHeadModelImpl::pipeline_plan() {
+  PipelinePlan plan;
+  plan.layers.push_back(embeddings_layer(
+      "Gpt2Embeddings", {"transformer.wte.", "transformer.wpe."},
+      [this](const at::Tensor& ids, const at::Tensor& mask, const at::Tensor& /*token_type_ids*/) {
+        return transformer->embed(ids, mask);
+      }));
+  Gpt2ModelImpl* model = transformer.get();
+  for (size_t i = 0; i < model->h->size(); ++i) {
+    const std::string n = std::to_string(i);
+    plan.layers.push_back(block_layer(
+        "h." + n, "Gpt2Block", {"transformer.h." + n + "."},
+        [model, i](const at::Tensor& x, const at::Tensor& masked) { return model->run_block(i, x, masked); }));
+  }
+  const std::string head = config_.tie_word_embeddings ? "transformer.wte.weight" : "lm_head.";
+  plan.layers.push_back(
+      loss_head("Gpt2LMHead", {"transformer.ln_f.", head}, [this](const at::Tensor& hidden, const TensorMap& in) {
+        return lm_output(transformer->final_norm(hidden), plan_input(in, "labels", "head")).loss;
+      }));
+  return plan;
 }
 
 void Gpt2LMHeadModelImpl::save_pretrained(const std::string& dir) const {

@@ -16,6 +16,7 @@
 #include "polytrain/models/attention.h"
 #include "polytrain/models/gpt2_config.h"
 #include "polytrain/models/model_output.h"
+#include "polytrain/models/pipeline_plan.h"
 #include "polytrain/models/tp_layers.h"
 
 namespace polytrain {
@@ -69,6 +70,14 @@ TORCH_MODULE(Gpt2Block);
 struct Gpt2ModelImpl : torch::nn::Module {
   explicit Gpt2ModelImpl(const Gpt2Config& cfg);
   at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& attention_mask);
+  // forward's pieces, which the pipeline plan runs as its layers.
+  /// The blocks' input (dropout(wte + wpe)) and the mask they read: bool [B or 1, 1, L, L], true
+  /// where query i may not see key j (a later position, or padding).
+  std::pair<at::Tensor, at::Tensor> embed(const at::Tensor& input_ids, const at::Tensor& attention_mask);
+  /// Block i on x: in_layer, and checkpointed when checkpoint_blocks is on in training.
+  at::Tensor run_block(size_t i, const at::Tensor& x, const at::Tensor& masked);
+  /// ln_f: the hidden states forward returns.
+  at::Tensor final_norm(const at::Tensor& x);
   Embedding wte{nullptr};
   torch::nn::Embedding wpe{nullptr};
   Dropout drop{nullptr};
@@ -85,7 +94,7 @@ TORCH_MODULE(Gpt2Model);
 
 /// HF GPT2LMHeadModel: "transformer" + an LM head tied to wte (or its own lm_head.weight when
 /// tie_word_embeddings is false).
-struct Gpt2LMHeadModelImpl : torch::nn::Module, ActivationCheckpointing, TensorParallelPlanned {
+struct Gpt2LMHeadModelImpl : torch::nn::Module, ActivationCheckpointing, TensorParallelPlanned, PipelinePlanned {
   explicit Gpt2LMHeadModelImpl(const Gpt2Config& cfg);
   /// input_ids [B, L]; attention_mask [B, L] 1/0 or undefined; labels [B, L] (usually the
   /// input ids; -100 = ignored): the loss is HF's, token t predicts labels[t + 1].
@@ -95,6 +104,11 @@ struct Gpt2LMHeadModelImpl : torch::nn::Module, ActivationCheckpointing, TensorP
   /// Megatron's GPT split: vocab-parallel wte (and LM head), c_attn column-parallel per q/k/v
   /// block, c_fc column, both c_proj row, attention dropout on the per-rank stream.
   TpPlan tensor_parallel_plan() const override;
+  /// "embeddings" (wte, wpe, drop; carry "hidden" and the bool attention mask "mask"), "h.N" per block,
+  /// "head" (ln_f, the LM head, forward's loss). Inputs: input_ids, labels, attention_mask
+  /// (optional). The plain blocks always: the fused CUDA block path is forward's alone. The
+  /// layers call into this model: the plan must not outlive it.
+  PipelinePlan pipeline_plan() override;
   /// HF's _init_weights: N(0, initializer_range), c_proj weights N(0, range / sqrt(2 n_layer)).
   void init_weights();
   /// The [V, H] output projection (wte's weight when tied).
@@ -111,6 +125,10 @@ struct Gpt2LMHeadModelImpl : torch::nn::Module, ActivationCheckpointing, TensorP
   Gpt2Config config_;
   Gpt2Model transformer{nullptr};
   Linear lm_head{nullptr};  ///< only when untied (lm_head.weight)
+
+ private:
+  /// The LM head on the final hidden states: logits, and the loss when labels are given.
+  ModelOutput lm_output(const at::Tensor& hidden, const at::Tensor& labels);
 };
 TORCH_MODULE(Gpt2LMHeadModel);
 

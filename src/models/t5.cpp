@@ -207,33 +207,39 @@ T5StackImpl::T5StackImpl(const T5Config& cfg, bool is_decoder) : is_decoder_(is_
   dropout = register_module("dropout", Dropout(cfg.dropout_rate));
 }
 
+at::Tensor T5StackImpl::position_bias(int64_t len, const at::Tensor& self_mask) {
+  auto* first = block->ptr<T5BlockImpl>(0)->self_attention->attention.get();
+  at::Tensor bias = in_layer(*block->ptr(0), [&] { return first->compute_bias(len, len); });
+  return self_mask.defined() ? bias + self_mask : bias;
+}
+
+at::Tensor T5StackImpl::run_block(size_t i, const at::Tensor& x, const at::Tensor& self_bias, const at::Tensor& enc,
+                                  const at::Tensor& enc_mask) {
+  auto* blk = block->ptr(i)->as<T5BlockImpl>();
+  // Each block reads the encoder output through its own view, so the gradients of its k and v
+  // projections are summed inside the block before joining the other blocks' - the order a
+  // checkpointed block produces them in, which keeps checkpointed gradients bit-identical.
+  const at::Tensor enc_view = enc.defined() ? enc.view_as(enc) : enc;
+  if (checkpoint_blocks && is_training()) {
+    return checkpointed(
+        [blk, enc_mask](const std::vector<at::Tensor>& in) {
+          return in_layer(*blk, [&] { return blk->forward(in[0], in[1], in[2], enc_mask); });
+        },
+        {x, self_bias, enc_view});
+  }
+  return in_layer(*blk, [&] { return blk->forward(x, self_bias, enc_view, enc_mask); });
+}
+
+at::Tensor T5StackImpl::final_norm(const at::Tensor& x) { return dropout(final_layer_norm(x)); }
+
 at::Tensor T5StackImpl::forward(const at::Tensor& embeds, const at::Tensor& self_mask, const at::Tensor& enc,
                                 const at::Tensor& enc_mask) {
   at::Tensor x = dropout(embeds);
   // HF's block 0 computes bias + mask and hands the sum to every later block; computing it here,
   // before the blocks, is the same tensor and keeps it one input of each checkpointed block.
-  const int64_t len = embeds.size(1);
-  auto* first = block->ptr<T5BlockImpl>(0)->self_attention->attention.get();
-  at::Tensor self_bias = in_layer(*block->ptr(0), [&] { return first->compute_bias(len, len); });
-  if (self_mask.defined()) self_bias = self_bias + self_mask;
-  const bool checkpoint = checkpoint_blocks && is_training();
-  for (const auto& m : *block) {
-    auto* blk = m->as<T5BlockImpl>();
-    // Each block reads the encoder output through its own view, so the gradients of its k and v
-    // projections are summed inside the block before joining the other blocks' - the order a
-    // checkpointed block produces them in, which keeps checkpointed gradients bit-identical.
-    const at::Tensor enc_view = enc.defined() ? enc.view_as(enc) : enc;
-    if (checkpoint) {
-      x = checkpointed(
-          [blk, enc_mask](const std::vector<at::Tensor>& in) {
-            return in_layer(*blk, [&] { return blk->forward(in[0], in[1], in[2], enc_mask); });
-          },
-          {x, self_bias, enc_view});
-    } else {
-      x = in_layer(*blk, [&] { return blk->forward(x, self_bias, enc_view, enc_mask); });
-    }
-  }
-  return dropout(final_layer_norm(x));
+  const at::Tensor self_bias = position_bias(embeds.size(1), self_mask);
+  for (size_t i = 0; i < block->size(); ++i) x = run_block(i, x, self_bias, enc, enc_mask);
+  return final_norm(x);
 }
 
 T5ForConditionalGenerationImpl::T5ForConditionalGenerationImpl(const T5Config& cfg) : config_(cfg) {
@@ -302,8 +308,9 @@ at::Tensor T5ForConditionalGenerationImpl::shift_right(const at::Tensor& labels)
   return shifted.masked_fill_(shifted == -100, config_.pad_token_id);
 }
 
-ModelOutput T5ForConditionalGenerationImpl::forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
-                                                    const at::Tensor& labels, const at::Tensor& decoder_input_ids) {
+at::Tensor T5ForConditionalGenerationImpl::decoder_ids(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                                                       const at::Tensor& labels,
+                                                       const at::Tensor& decoder_input_ids) const {
   PT_INPUT_CHECK(input_ids.defined() && input_ids.dim() == 2, "T5 forward: input_ids must be [batch, length]");
   PT_INPUT_CHECK(!attention_mask.defined() || attention_mask.sizes() == input_ids.sizes(),
                  "T5 forward: attention_mask must have input_ids' shape");
@@ -313,19 +320,22 @@ ModelOutput T5ForConditionalGenerationImpl::forward(const at::Tensor& input_ids,
   const at::Tensor dec_ids = decoder_input_ids.defined() ? decoder_input_ids : shift_right(labels);
   PT_INPUT_CHECK(dec_ids.dim() == 2 && dec_ids.size(0) == input_ids.size(0),
                  "T5 forward: decoder_input_ids must be [batch, target length]");
+  return dec_ids;
+}
 
-  const at::Tensor enc_embeds = shared(input_ids);
-  const auto dtype = enc_embeds.scalar_type();
-  const double masked = finfo_min(dtype);
-  at::Tensor enc_mask;  // [B, 1, 1, L]: 0 for tokens, finfo.min for padding (HF's extended mask)
-  if (attention_mask.defined()) enc_mask = (1.0 - attention_mask.to(dtype).unsqueeze(1).unsqueeze(1)) * masked;
-  const at::Tensor enc_out = encoder(enc_embeds, enc_mask);
+at::Tensor T5ForConditionalGenerationImpl::encoder_mask(const at::Tensor& attention_mask, c10::ScalarType dtype) const {
+  if (!attention_mask.defined()) return {};
+  return (1.0 - attention_mask.to(dtype).unsqueeze(1).unsqueeze(1)) * finfo_min(dtype);
+}
 
-  const int64_t t = dec_ids.size(1);
-  const at::Tensor causal =
-      torch::full({t, t}, masked, enc_embeds.options()).triu(1).view({1, 1, t, t});  // min above the diagonal
+at::Tensor T5ForConditionalGenerationImpl::causal_mask(const at::Tensor& embeds) const {
+  const int64_t t = embeds.size(1);
+  return torch::full({t, t}, finfo_min(embeds.scalar_type()), embeds.options()).triu(1).view({1, 1, t, t});
+}
+
+ModelOutput T5ForConditionalGenerationImpl::lm_output(const at::Tensor& hidden, const at::Tensor& labels) {
   ModelOutput out;
-  out.hidden_states = decoder(shared(dec_ids), causal, enc_out, enc_mask);
+  out.hidden_states = hidden;
   if (config_.tie_word_embeddings) {
     // Mesh TensorFlow rescales before the tied projection.
     auto seq = out.hidden_states * std::pow(static_cast<double>(config_.d_model), -0.5);
@@ -338,6 +348,81 @@ ModelOutput T5ForConditionalGenerationImpl::forward(const at::Tensor& input_ids,
                                 F::CrossEntropyFuncOptions().ignore_index(-100));
   }
   return out;
+}
+
+ModelOutput T5ForConditionalGenerationImpl::forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                                                    const at::Tensor& labels, const at::Tensor& decoder_input_ids) {
+  const at::Tensor dec_ids = decoder_ids(input_ids, attention_mask, labels, decoder_input_ids);
+  const at::Tensor enc_embeds = shared(input_ids);
+  const at::Tensor enc_mask = encoder_mask(attention_mask, enc_embeds.scalar_type());
+  const at::Tensor enc_out = encoder(enc_embeds, enc_mask);
+  const at::Tensor dec_embeds = shared(dec_ids);
+  return lm_output(decoder(dec_embeds, causal_mask(dec_embeds), enc_out, enc_mask), labels);
+}
+
+PipelinePlan T5ForConditionalGenerationImpl::pipeline_plan() {
+  // The carry: "hidden" (the current stack's hidden states), "enc_mask" (the padding mask, from
+  // the encoder's embeddings to the last decoder block), "position_bias" (from a stack's block 0
+  // to its last block), "self_mask" (the decoder's causal mask, until its block 0 adds it to the
+  // bias), "encoder_out" (from the encoder's final norm to the last decoder block).
+  PipelinePlan plan;
+  plan.layers.push_back(
+      {"encoder.embeddings", "T5Embedding", {"shared."}, [this](const TensorMap& in, TensorMap& carry) {
+         const at::Tensor& ids = plan_input(in, "input_ids", "encoder.embeddings");
+         const at::Tensor mask = plan_optional(in, "attention_mask");
+         // forward's input checks, before any work
+         decoder_ids(ids, mask, plan_optional(in, "labels"), plan_optional(in, "decoder_input_ids"));
+         const at::Tensor embeds = shared(ids);
+         carry["hidden"] = encoder->dropout(embeds);
+         plan_put(carry, "enc_mask", encoder_mask(mask, embeds.scalar_type()));
+       }});
+  auto add_blocks = [&](T5StackImpl* stack, const std::string& name, bool decoder_stack) {
+    const size_t n = stack->block->size();
+    for (size_t i = 0; i < n; ++i) {
+      const std::string layer = name + ".block." + std::to_string(i);
+      plan.layers.push_back(
+          {layer, "T5Block", {layer + "."}, [stack, i, n, decoder_stack](const TensorMap&, TensorMap& carry) {
+             const at::Tensor hidden = carry.at("hidden");
+             if (i == 0) {
+               // The encoder's self-attention mask is its padding mask; the decoder's is causal.
+               const at::Tensor self_mask = plan_optional(carry, decoder_stack ? "self_mask" : "enc_mask");
+               carry["position_bias"] = stack->position_bias(hidden.size(1), self_mask);
+               carry.erase("self_mask");
+             }
+             const at::Tensor enc = decoder_stack ? carry.at("encoder_out") : at::Tensor();
+             const at::Tensor enc_mask = decoder_stack ? plan_optional(carry, "enc_mask") : at::Tensor();
+             carry["hidden"] = stack->run_block(i, hidden, carry.at("position_bias"), enc, enc_mask);
+             if (i + 1 == n) {
+               carry.erase("position_bias");
+               if (decoder_stack) {
+                 carry.erase("encoder_out");
+                 carry.erase("enc_mask");
+               }
+             }
+           }});
+    }
+  };
+  add_blocks(encoder.get(), "encoder", false);
+  plan.layers.push_back({"encoder.final_layer_norm", "T5LayerNorm", {"encoder.final_layer_norm."},
+                         [this](const TensorMap&, TensorMap& carry) {
+                           carry["encoder_out"] = encoder->final_norm(carry.at("hidden"));
+                           carry.erase("hidden");
+                         }});
+  plan.layers.push_back(
+      {"decoder.embeddings", "T5Embedding", {"shared."}, [this](const TensorMap& in, TensorMap& carry) {
+         const at::Tensor embeds = shared(decoder_ids(plan_input(in, "input_ids", "decoder.embeddings"),
+                                                      plan_optional(in, "attention_mask"), plan_optional(in, "labels"),
+                                                      plan_optional(in, "decoder_input_ids")));
+         carry["hidden"] = decoder->dropout(embeds);
+         carry["self_mask"] = causal_mask(embeds);
+       }});
+  add_blocks(decoder.get(), "decoder", true);
+  const std::string head = config_.tie_word_embeddings ? "shared." : "lm_head.";
+  plan.layers.push_back(
+      loss_head("T5LMHead", {"decoder.final_layer_norm.", head}, [this](const at::Tensor& hidden, const TensorMap& in) {
+        return lm_output(decoder->final_norm(hidden), plan_input(in, "labels", "head")).loss;
+      }));
+  return plan;
 }
 
 void T5ForConditionalGenerationImpl::save_pretrained(const std::string& dir) const {

@@ -14,6 +14,7 @@
 #include "polytrain/models/layer_params.h"
 #include "polytrain/models/attention.h"
 #include "polytrain/models/model_output.h"
+#include "polytrain/models/pipeline_plan.h"
 #include "polytrain/models/t5_config.h"
 #include "polytrain/models/tp_layers.h"
 
@@ -98,6 +99,15 @@ struct T5StackImpl : torch::nn::Module {
   /// embeds: [B, L, D]; self_mask: additive [B or 1, 1, 1 or L, L]; enc, enc_mask: decoder only.
   at::Tensor forward(const at::Tensor& embeds, const at::Tensor& self_mask, const at::Tensor& enc = {},
                      const at::Tensor& enc_mask = {});
+  // forward's pieces, which the pipeline plan runs as its layers.
+  /// Block 0's relative position bias for length len plus self_mask (may be undefined):
+  /// [1 or B, H, len, len], what every block's self-attention adds to its scores.
+  at::Tensor position_bias(int64_t len, const at::Tensor& self_mask);
+  /// Block i on x: in_layer, and checkpointed when checkpoint_blocks is on in training.
+  at::Tensor run_block(size_t i, const at::Tensor& x, const at::Tensor& self_bias, const at::Tensor& enc,
+                       const at::Tensor& enc_mask);
+  /// final_layer_norm and dropout: the stack's output.
+  at::Tensor final_norm(const at::Tensor& x);
   torch::nn::ModuleList block{nullptr};
   T5LayerNorm final_layer_norm{nullptr};
   Dropout dropout{nullptr};
@@ -109,7 +119,8 @@ TORCH_MODULE(T5Stack);
 class T5ForConditionalGeneration;
 
 /// HF T5ForConditionalGeneration; named_parameters() are HF's state_dict keys minus the tied copies.
-struct T5ForConditionalGenerationImpl : torch::nn::Module, ActivationCheckpointing, TensorParallelPlanned {
+struct T5ForConditionalGenerationImpl : torch::nn::Module, ActivationCheckpointing, TensorParallelPlanned,
+                                        PipelinePlanned {
   explicit T5ForConditionalGenerationImpl(const T5Config& cfg);
   /// labels: [B, T], -100 = ignored. decoder_input_ids default: labels shifted right, starting with
   /// decoder_start_token_id, -100 replaced by pad_token_id (HF _shift_right). loss = mean CE over
@@ -123,6 +134,14 @@ struct T5ForConditionalGenerationImpl : torch::nn::Module, ActivationCheckpointi
   /// Megatron's split of every attention (q, k, v column; o row; relative bias by heads) and
   /// feed-forward (wi column; wo row), vocab-parallel shared embedding and LM head.
   TpPlan tensor_parallel_plan() const override;
+  /// "encoder.embeddings" (shared), "encoder.block.N", "encoder.final_layer_norm" (the carry's
+  /// "encoder_out" from here to the last decoder block), "decoder.embeddings" (shared again),
+  /// "decoder.block.N", "head" (final norm, LM head, forward's loss). Block 0 of each stack
+  /// computes the position bias (+ mask) and leaves it in the carry as "position_bias" for the
+  /// stack's later blocks: a tensor its gradient flows back through to relative_attention_bias.
+  /// Inputs: input_ids, labels, attention_mask and decoder_input_ids (optional, as in forward).
+  /// The layers call into this model: the plan must not outlive it.
+  PipelinePlan pipeline_plan() override;
   /// Re-draws every weight as HF's T5PreTrainedModel._init_weights (scaled by initializer_factor).
   void init_weights();
   /// HF _shift_right.
@@ -137,6 +156,18 @@ struct T5ForConditionalGenerationImpl : torch::nn::Module, ActivationCheckpointi
   Embedding shared{nullptr};
   T5Stack encoder{nullptr}, decoder{nullptr};
   Linear lm_head{nullptr};  ///< only when !tie_word_embeddings
+
+ private:
+  /// forward's input checks; the decoder's input ids (decoder_input_ids, or labels shifted right).
+  at::Tensor decoder_ids(const at::Tensor& input_ids, const at::Tensor& attention_mask, const at::Tensor& labels,
+                         const at::Tensor& decoder_input_ids) const;
+  /// HF's extended padding mask in `dtype`: [B, 1, 1, L], 0 for tokens, finfo.min for padding
+  /// (undefined without attention_mask).
+  at::Tensor encoder_mask(const at::Tensor& attention_mask, c10::ScalarType dtype) const;
+  /// The decoder's causal mask for embeddings `embeds` [B, T, D]: [1, 1, T, T], finfo.min above the diagonal.
+  at::Tensor causal_mask(const at::Tensor& embeds) const;
+  /// The LM head on the decoder's output: logits, and the loss when labels are given.
+  ModelOutput lm_output(const at::Tensor& hidden, const at::Tensor& labels);
 };
 TORCH_MODULE(T5ForConditionalGeneration);
 
