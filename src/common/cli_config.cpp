@@ -163,6 +163,15 @@ void add_parallel_flags(CLI::App& app, ConfigFlags& flags) {
   add_value<int64_t>(app, flags, "--model_parallel_size", trainer_key("model_parallel_size"),
                      "tensor-parallel size (world = model_parallel_size x data-parallel size)")
       ->default_str(shown(d.model_parallel_size))->group(kParallelGroup);
+  add_value<int64_t>(app, flags, "--pipeline_parallel_size", trainer_key("pipeline_parallel_size"),
+                     "pipeline stages (world = model_parallel_size x pipeline_parallel_size x data-parallel size)")
+      ->default_str(shown(d.pipeline_parallel_size))->group(kParallelGroup);
+  add_value<std::string>(app, flags, "--pipeline_schedule", {"pipeline", "schedule"},
+                         "1f1b (interleaved with --virtual_stages > 1) or gpipe (pipeline.schedule)")
+      ->default_str("1f1b")->group(kParallelGroup);
+  add_value<int64_t>(app, flags, "--virtual_stages", {"pipeline", "virtual_stages"},
+                     "model chunks per pipeline stage: above 1, Megatron's interleaved 1F1B (pipeline.virtual_stages)")
+      ->default_str("1")->group(kParallelGroup);
   add_value<int64_t>(app, flags, "--zero_stage", {"zero_optimization", "stage"},
                      "ZeRO stage 0, 1, 2 or 3 for env_type deepspeed and deepspeed+mpu (zero_optimization.stage)")
       ->default_str("0")->group(kParallelGroup);

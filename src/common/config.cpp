@@ -407,6 +407,37 @@ void parse_trainer(const json* j, ParseContext& ctx, TrainerOptions& t, bool* re
   if (t.master_port > 65535) r.fail("master_port", cat("must be a port number (0-65535), got ", t.master_port));
   // The world is not known here: resolve() checks the divisibility with the same rules.
   if (const std::string e = model_parallel_error(t.env_type, t.model_parallel_size, 0); !e.empty()) ctx.fail(e);
+  if (const std::string e = pipeline_parallel_error(t.env_type, t.pipeline_parallel_size, t.model_parallel_size, 0);
+      !e.empty())
+    ctx.fail(e);
+}
+
+// DeepSpeed's `pipeline` block; `stages` ("auto" or a count) and trainer.pipeline_parallel_size
+// name the same number, so both given must agree.
+void parse_pipeline(const json* j, ParseContext& ctx, PipelineConfig& p) {
+  ObjectReader r(j, "pipeline", ctx);
+  visit(r, p);
+  if (j && j->is_object() && j->contains("stages")) {
+    const json& s = j->at("stages");
+    if (s.is_string() && s.get<std::string>() == "auto") {
+      r.accept("stages");
+    } else {
+      r("stages", p.stages);
+      r.above("stages", p.stages, int64_t{0});
+    }
+  }
+  r.ignore(kPipelineIgnored);
+  r.finish();
+  r.one_of("schedule", p.schedule, {"1f1b", "gpipe"});
+  r.above("virtual_stages", p.virtual_stages, int64_t{0});
+  r.at_least("activation_checkpoint_interval", p.activation_checkpoint_interval, int64_t{0});
+  if (p.activation_checkpoint_interval > 1)
+    r.fail("activation_checkpoint_interval", cat("is ", p.activation_checkpoint_interval, ": only 0 (off) and 1 (every "
+                                                 "layer recomputed in backward) are supported"));
+  if (const std::string e = pipeline_partition_error(p.partition); !e.empty()) r.fail("partition", e);
+  if (p.virtual_stages > 1 && p.schedule != "1f1b")
+    r.fail("virtual_stages", cat("(", p.virtual_stages, ") interleaves the 1f1b schedule; schedule '", p.schedule,
+                                 "' has no interleaved form"));
 }
 
 // HOST:PORT with a port in [0, 65535] ([v6]:port allowed); the network layer resolves the host.
@@ -551,9 +582,15 @@ std::string batch_fixes(std::optional<int64_t> t, std::optional<int64_t> m, std:
 // message proposes values that work at this data-parallel size.
 void resolve(BatchConfig& out, BatchKeys k, int64_t world_size, const TrainerOptions& trainer, const ParseContext& ctx) {
   const int64_t world = world_size_or_env(world_size);
-  const int64_t model_parallel = trainer.model_parallel_size;
-  if (const std::string e = model_parallel_error(trainer.env_type, model_parallel, world); !e.empty()) ctx.fail(e);
-  const int64_t ws = world / model_parallel;  // the data-parallel size: tensor-parallel peers share samples
+  const int64_t model_parallel = trainer.model_parallel_size * trainer.pipeline_parallel_size;
+  if (const std::string e = model_parallel_error(trainer.env_type, trainer.model_parallel_size, world); !e.empty())
+    ctx.fail(e);
+  if (const std::string e = pipeline_parallel_error(trainer.env_type, trainer.pipeline_parallel_size,
+                                                    trainer.model_parallel_size, world);
+      !e.empty())
+    ctx.fail(e);
+  // The data-parallel size: tensor-parallel peers and the stages of one pipeline share samples.
+  const int64_t ws = world / model_parallel;
   const char* kT = "train_batch_size";
   const char* kM = "train_micro_batch_size_per_gpu";
   const char* kG = "gradient_accumulation_steps";
@@ -570,9 +607,14 @@ void resolve(BatchConfig& out, BatchKeys k, int64_t world_size, const TrainerOpt
     return num / den;
   };
   auto& [t, m, g] = k;
-  const std::string ws_text = model_parallel == 1 ? cat("world_size (", ws, ")")
-                                                  : cat("data-parallel size (", ws, " = world_size ", world,
-                                                        " / model_parallel_size ", model_parallel, ")");
+  const std::string divisor = trainer.pipeline_parallel_size == 1 ? cat("model_parallel_size ", model_parallel)
+                              : trainer.model_parallel_size == 1
+                                  ? cat("pipeline_parallel_size ", model_parallel)
+                                  : cat("(model_parallel_size ", trainer.model_parallel_size, " x pipeline_parallel_size ",
+                                        trainer.pipeline_parallel_size, ")");
+  const std::string ws_text = model_parallel == 1
+                                  ? cat("world_size (", ws, ")")
+                                  : cat("data-parallel size (", ws, " = world_size ", world, " / ", divisor, ")");
   if (t && m && g) {
   } else if (t && m) {
     g = derive(kG, *t, *m * ws, cat(kM, " (", *m, ") * ", ws_text));
@@ -680,6 +722,7 @@ Config config_from_json_with(const json& given, const std::string& origin, int64
   const json* data = top.take("data");
   const json* trainer = top.take("trainer");
   const json* hivemind = top.take("hivemind");
+  const json* pipeline = top.take("pipeline");
   top_ok &= errors.run([&] {
     top("gradient_clipping", cfg.gradient_clipping), top("steps_per_print", cfg.steps_per_print);
     top("wall_clock_breakdown", cfg.wall_clock_breakdown);
@@ -729,6 +772,24 @@ Config config_from_json_with(const json& given, const std::string& origin, int64
       !(trainer && trainer->is_object() && trainer->contains("log_interval")))
     cfg.trainer.log_interval = cfg.steps_per_print;
   const bool hivemind_ok = errors.run([&] { parse_hivemind(hivemind, ctx, cfg.hivemind); });
+  cfg.pipeline_present = pipeline != nullptr && !pipeline->is_null();
+  const bool pipeline_ok = errors.run([&] { parse_pipeline(pipeline, ctx, cfg.pipeline); });
+  if (pipeline_ok && trainer_read && cfg.pipeline.stages > 0) {
+    const bool trainer_given = trainer && trainer->is_object() &&
+                               (trainer->contains("pipeline_parallel_size") || trainer->contains("pipeline_model_parallel_size"));
+    if (!trainer_given) {
+      cfg.trainer.pipeline_parallel_size = cfg.pipeline.stages;
+      errors.run([&] {
+        if (const std::string e = pipeline_parallel_error(cfg.trainer.env_type, cfg.pipeline.stages,
+                                                          cfg.trainer.model_parallel_size, 0);
+            !e.empty())
+          ctx.fail("pipeline.stages: " + e);
+      });
+    } else if (cfg.trainer.pipeline_parallel_size != cfg.pipeline.stages) {
+      errors.add(prefixed(cat("pipeline.stages (", cfg.pipeline.stages, ") and trainer.pipeline_parallel_size (",
+                              cfg.trainer.pipeline_parallel_size, ") disagree; give one of them")));
+    }
+  }
   // A swarm has no fixed world: the batch triple is this peer's own (world size 1).
   const bool swarm = cfg.trainer.env_type == "hivemind";
   // The triple needs readable batch keys (a misspelt one would read as missing) and the
@@ -795,6 +856,10 @@ json config_to_json(const Config& in) {
   zero["offload_param"] = offload_param.out;
   out["zero_optimization"] = zero;
   if (c.activation_checkpointing_present) out["activation_checkpointing"] = write(c.activation_checkpointing);
+  if (c.pipeline_present) {
+    out["pipeline"] = write(c.pipeline);
+    out["pipeline"]["stages"] = c.pipeline.stages > 0 ? json(c.pipeline.stages) : json("auto");
+  }
   out["tensorboard"] = write(c.tensorboard);
   out["csv_monitor"] = write(c.csv_monitor);
   json model = c.model.extra.is_object() ? c.model.extra : json::object();

@@ -199,6 +199,20 @@ struct ActivationCheckpointingConfig {
   bool profile = false;
 };
 
+/// DeepSpeed's `pipeline` block (PipelineModule's partition_method and
+/// activation_checkpoint_interval, Megatron's virtual pipeline stages) with polytrain's schedule
+/// choice. The pipeline size itself is trainer.pipeline_parallel_size (or `stages` here).
+struct PipelineConfig {
+  int64_t stages = 0;  ///< 0: "auto" (trainer.pipeline_parallel_size decides)
+  /// How layers are dealt to stages: "parameters" (balanced parameter counts, DeepSpeed's
+  /// default), "uniform" (balanced layer counts) or "type:REGEX" (balanced count of layers whose
+  /// class name matches REGEX, case-insensitive).
+  std::string partition = "parameters";
+  int64_t activation_checkpoint_interval = 0;  ///< 0: off; k: every k layers of a stage recomputed in backward
+  int64_t virtual_stages = 1;                  ///< model chunks per stage (> 1: interleaved 1F1B)
+  std::string schedule = "1f1b";               ///< 1f1b (PipeDream-flush; interleaved when virtual_stages > 1), gpipe
+};
+
 /// `tensorboard` / `csv_monitor` blocks.
 struct MonitorConfig {
   bool enabled = false;
@@ -251,6 +265,10 @@ struct TrainerOptions {
   /// Tensor-parallel size (FlagAI's name; Megatron's tensor_model_parallel_size is an alias):
   /// world = model_parallel_size x data-parallel size. Above 1 needs env_type deepspeed+mpu.
   int64_t model_parallel_size = 1;
+  /// Pipeline stages (Megatron's pipeline_model_parallel_size): world = model_parallel_size x
+  /// pipeline_parallel_size x data-parallel size. Above 1 needs pytorchDDP, deepspeed (ZeRO 0-2)
+  /// or deepspeed+mpu.
+  int64_t pipeline_parallel_size = 1;
   // FlagAI's self-launch (self_launch.h): a pytorchDDP / deepspeed / deepspeed+mpu program run
   // without a launcher re-executes itself under `launch` when any of the first three is given.
   int64_t num_gpus = 0;          ///< processes (GPUs) per host; 0 = launch's default
@@ -326,6 +344,8 @@ struct Config {
   ZeroConfig zero_optimization;
   ActivationCheckpointingConfig activation_checkpointing;
   bool activation_checkpointing_present = false;  ///< the block was given
+  PipelineConfig pipeline;
+  bool pipeline_present = false;  ///< the block was given
   MonitorConfig tensorboard;
   MonitorConfig csv_monitor;
   ModelConfig model;

@@ -61,7 +61,6 @@ inline const std::vector<IgnoredKey> kTopLevelIgnored = {
     {"use_data_before_expert_parallelism", "false"},
     {"vocabulary_size", "null"},
     {"sparse_attention", nullptr},
-    {"pipeline", nullptr},
     {"eigenvalue", nullptr},
     {"progressive_layer_drop", nullptr},
     {"quantize_training", nullptr},
@@ -308,6 +307,22 @@ void visit(V& v, ActivationCheckpointingConfig& c) {
 }
 
 template <class V>
+void visit(V& v, PipelineConfig& c) {
+  v("partition", c.partition, {"partition_method"});
+  v("activation_checkpoint_interval", c.activation_checkpoint_interval);
+  v("virtual_stages", c.virtual_stages, {"virtual_pipeline_model_parallel_size"});
+  v("schedule", c.schedule);
+}
+
+// DeepSpeed `pipeline` keys without an effect here (its PipelineEngine's communication options).
+inline const std::vector<IgnoredKey> kPipelineIgnored = {
+    {"seed_layers", "false"},
+    {"pipe_partitioned", "true"},
+    {"grad_partitioned", "true"},
+    {"use_reentrant", "true"},
+};
+
+template <class V>
 void visit(V& v, MonitorConfig& c) {
   v("enabled", c.enabled), v("output_path", c.output_path), v("job_name", c.job_name);
 }
@@ -334,6 +349,7 @@ void visit(V& v, TrainerOptions& t) {
   v("reduce_bucket_size", t.reduce_bucket_size), v("overlap_comm", t.overlap_comm);
   v("find_unused_parameters", t.find_unused_parameters);
   v("model_parallel_size", t.model_parallel_size, {"tensor_model_parallel_size"});
+  v("pipeline_parallel_size", t.pipeline_parallel_size, {"pipeline_model_parallel_size"});
   v("num_gpus", t.num_gpus), v("num_nodes", t.num_nodes), v("hostfile", t.hostfile);
   v("master_ip", t.master_ip, {"master_addr"}), v("master_port", t.master_port);
   v("training_script", t.training_script);

@@ -24,6 +24,18 @@ void Backend::run_micro_batches(MicroBatchRunner& runner) {
   }
 }
 
+std::map<std::string, at::Tensor> MicroBatchRunner::read(int64_t) {
+  throw InternalError("this micro-batch runner cannot feed a pipeline schedule");
+}
+
+at::Tensor MicroBatchRunner::weigh(const at::Tensor&, int64_t) {
+  throw InternalError("this micro-batch runner cannot feed a pipeline schedule");
+}
+
+at::Tensor Backend::eval_forward(const std::map<std::string, at::Tensor>&) {
+  throw InternalError(name() + " runs no pipeline");
+}
+
 int64_t Backend::assist(int64_t step, int64_t until) {
   PT_INPUT_CHECK(false, name(), " has no auxiliary peers (hivemind.assist_in_averaging is env_type hivemind's)");
   (void)until;

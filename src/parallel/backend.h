@@ -10,6 +10,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -35,7 +37,8 @@ struct RankContext {
   int64_t tp_size = 1;
   int64_t dp_rank = 0;     ///< data-parallel coordinate: which share of each global batch it reads
   int64_t dp_size = 1;
-  int64_t pp_size = 1;     ///< pipeline: reserved
+  int64_t pp_rank = 0;     ///< pipeline stage (Megatron order: stages outermost)
+  int64_t pp_size = 1;
   c10::Device device = c10::Device(c10::kCPU);
   // Roles (set by the backend; a decentralized peer holds all three for its own folder):
   bool writes_logs = true;          ///< experiment folder, metrics files, console lines
@@ -83,6 +86,17 @@ class MicroBatchRunner {
   /// them; returns the loss to call backward on (already scaled and weighted by samples / the
   /// step's samples, so a step is the mean over its samples whatever its micro-batches).
   virtual at::Tensor forward(int64_t samples) = 0;
+
+  // A pipeline schedule runs the model's stage plan (models/pipeline_plan.h) instead of
+  // forward_step, on every stage of the same micro-batches:
+  /// Reads the next `samples` samples of this rank's share of the step (counted toward the step)
+  /// and returns them as the model's named inputs, on the device.
+  virtual std::map<std::string, at::Tensor> read(int64_t samples);
+  /// On the last stage, a micro-batch's loss as the model's last layer returned it: what
+  /// forward() returns for it (recorded for the logged loss, scaled and weighted).
+  virtual at::Tensor weigh(const at::Tensor& loss, int64_t samples);
+  /// Runs `fn` under the loop's autocast (fp16, bf16, amp), as forward_step runs.
+  virtual void autocast(const std::function<void()>& fn) { fn(); }
 };
 
 /// What step() did.
@@ -195,6 +209,12 @@ class Backend {
   /// a backend that partitions parameters holds them whole in between.
   virtual void begin_eval() {}
   virtual void end_eval() {}
+  /// Whether the model is split into pipeline stages: then evaluation runs eval_forward, not
+  /// forward_step.
+  virtual bool pipelined() const { return false; }
+  /// Pipeline: one evaluation micro-batch (the model's named inputs) through every stage; its loss
+  /// on the last stage, undefined on the others (collective over the pipeline).
+  virtual at::Tensor eval_forward(const std::map<std::string, at::Tensor>& inputs);
 
   /// This rank's own state (optimizer partitions, ...) for its shard of a checkpoint. Every
   /// rank calls save_shard when writes_shard(); a backend whose ranks hold identical state

@@ -5,13 +5,16 @@
 #include "polytrain/common/config.h"
 #include "polytrain/common/error.h"
 
+#include <algorithm>
+#include <regex>
+
 namespace polytrain {
 
 using detail::cat;
 
 std::string ParallelDims::describe() const {
   std::string s = cat("tp ", tp, " x dp ", dp);
-  if (pp > 1) s = cat("pp ", pp, " x ", s);
+  if (pp > 1) s = cat("pp ", pp, virtual_stages > 1 ? cat(" (", virtual_stages, " virtual)") : std::string(), " x ", s);
   if (strategy == DpStrategy::kZero) {
     s += cat(", ZeRO-", zero_stage);
     if (offload_optimizer) s += " + offload_optimizer";
@@ -31,6 +34,31 @@ std::string model_parallel_error(const std::string& env_type, int64_t model_para
   if (world >= 1 && world % model_parallel_size != 0)
     return cat("trainer.model_parallel_size (", model_parallel_size, ") does not divide the world size (", world,
                "): world = model_parallel_size x data-parallel size");
+  return "";
+}
+
+std::string pipeline_parallel_error(const std::string& env_type, int64_t pp, int64_t tp, int64_t world) {
+  if (pp < 1) return cat("trainer.pipeline_parallel_size must be >= 1, got ", pp);
+  if (pp > 1 && env_type != "pytorchDDP" && env_type != "deepspeed" && env_type != "deepspeed+mpu")
+    return cat("trainer.pipeline_parallel_size is ", pp, ": pipeline parallelism needs env_type pytorchDDP, deepspeed or "
+               "deepspeed+mpu, not '", env_type, "'");
+  if (world >= 1 && world % (pp * std::max<int64_t>(tp, 1)) != 0)
+    return tp > 1 ? cat("model_parallel_size (", tp, ") x pipeline_parallel_size (", pp, ") = ", tp * pp,
+                        " does not divide the world size (", world, ")")
+                  : cat("trainer.pipeline_parallel_size (", pp, ") does not divide the world size (", world,
+                        "): world = pipeline_parallel_size x data-parallel size");
+  return "";
+}
+
+std::string pipeline_partition_error(const std::string& partition) {
+  if (partition == "parameters" || partition == "uniform") return "";
+  if (partition.rfind("type:", 0) != 0)
+    return cat("must be 'parameters', 'uniform' or 'type:REGEX' (DeepSpeed's partition_method), got '", partition, "'");
+  try {
+    std::regex(partition.substr(5), std::regex::icase);
+  } catch (const std::regex_error& e) {
+    return cat("'", partition, "': the pattern after 'type:' is not a regular expression (", e.what(), ")");
+  }
   return "";
 }
 
@@ -72,6 +100,15 @@ ParallelDims resolve_parallel_dims(const Config& cfg, int64_t world) {
     throw InputError("trainer.env_type: unknown value '" + t.env_type +
                      "' (expected pytorch, pytorchDDP, deepspeed, deepspeed+mpu or hivemind)");
   }
+  const std::string pp_error = pipeline_parallel_error(t.env_type, t.pipeline_parallel_size, d.tp, world);
+  PT_INPUT_CHECK(pp_error.empty(), pp_error);
+  d.pp = t.pipeline_parallel_size;
+  d.virtual_stages = cfg.pipeline.virtual_stages;
+  PT_INPUT_CHECK(d.pp == 1 || d.zero_stage < 3, "zero_optimization.stage 3 partitions the parameters of every layer; "
+                 "with trainer.pipeline_parallel_size ", d.pp, " use stage 0, 1 or 2 (each stage's parameters are "
+                 "already its own)");
+  PT_INPUT_CHECK(d.pp > 1 || d.virtual_stages == 1, "pipeline.virtual_stages (", d.virtual_stages,
+                 ") needs trainer.pipeline_parallel_size > 1");
   d.dp = world / (d.tp * d.pp);
   return d;
 }

@@ -30,8 +30,9 @@ struct ParallelDims {
   std::string preset = "pytorch";  ///< the env_type that filled it
   int64_t world = 1;
   int64_t tp = 1;  ///< tensor-parallel degree (Megatron order: TP ranks adjacent)
-  int64_t pp = 1;  ///< pipeline degree (1: not built yet)
+  int64_t pp = 1;  ///< pipeline degree (Megatron order: pipeline stages outermost)
   int64_t dp = 1;  ///< data-parallel degree: world / (tp x pp)
+  int64_t virtual_stages = 1;  ///< model chunks per pipeline stage (interleaved 1F1B above 1)
   int zero_stage = 0;
   bool offload_optimizer = false;
   bool offload_param = false;
@@ -53,5 +54,13 @@ ParallelDims resolve_parallel_dims(const Config& cfg, int64_t world);
 /// The one home of these rules: the config parser, resolve_parallel_dims and the process grid
 /// all ask it.
 std::string model_parallel_error(const std::string& env_type, int64_t model_parallel_size, int64_t world);
+
+/// Why trainer.pipeline_parallel_size does not fit `env_type`, the tensor-parallel size and
+/// `world` (one line naming the key and the numbers), or ""; a `world` < 1 is not known yet.
+std::string pipeline_parallel_error(const std::string& env_type, int64_t pipeline_parallel_size,
+                                    int64_t model_parallel_size, int64_t world);
+
+/// Why `partition` is not one of "parameters", "uniform", "type:REGEX" (a valid regex), or "".
+std::string pipeline_partition_error(const std::string& partition);
 
 }  // namespace polytrain

@@ -11,6 +11,7 @@
 
 #include "polytrain/common/error.h"
 #include "polytrain/parallel/amp.h"
+#include "polytrain/parallel/pipeline/pipeline_stage.h"
 #include "polytrain/parallel/tensor_parallel/tp_plan.h"
 #include "polytrain/parallel/tensor_parallel/tp_transform.h"
 #include "polytrain/parallel/universal_state.h"
@@ -59,6 +60,7 @@ void ReplicatedBackend::build(std::shared_ptr<torch::nn::Module> model, const Co
   NamedParams named;
   for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
     if (!item.value().requires_grad()) continue;
+    if (pipe_split_ && pipe_split_->mirrors(item.key())) continue;
     params_.push_back(item.value());
     names_.push_back(item.key());
   }
@@ -187,8 +189,8 @@ void ReplicatedBackend::load_shards(ShardReader& reader) {
     std::set<std::string> mine(names_.begin(), names_.end());
     for (const auto& n : names_) specs[n] = tp_split_ ? tp_split_->spec(n) : nullptr;
     for (const auto& [name, ps] : state.params)
-      PT_INPUT_CHECK(mine.count(name), reader.origin(), ": optimizer state for parameter '", name,
-                     "', which this model does not train");
+      PT_INPUT_CHECK(mine.count(name) || (pipe_split_ && (pipe_split_->dropped(name) || pipe_split_->mirrors(name))), reader.origin(),
+                     ": optimizer state for parameter '", name, "', which this model does not train");
     load_optimizer_state(*optimizer_, state, specs, ctx_.tp_rank, ctx_.tp_size, reader.origin());
     return;
   }

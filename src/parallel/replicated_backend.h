@@ -17,6 +17,7 @@
 namespace polytrain {
 
 class Optimizer;
+class PipelineStage;
 class TensorParallelTransform;
 struct PieceLayout;
 
@@ -67,6 +68,9 @@ class ReplicatedBackend : public Backend {
   RankContext ctx_;
   /// Set by a backend whose model is split by tensor parallelism (not owned).
   TensorParallelTransform* tp_split_ = nullptr;
+  /// Set by a backend whose model is cut into pipeline stages (not owned): the optimizer trains
+  /// what this stage trains; mirrored parameters are left to their primary stage.
+  PipelineStage* pipe_split_ = nullptr;
   int64_t micro_ = 1;
   int64_t accumulation_ = 1;
   int64_t global_batch_ = 1;

@@ -222,7 +222,13 @@ EvalResult Trainer::evaluate(torch::nn::Module& model, const BatchSource& eval_d
     for (int64_t k = 0; k < micro; ++k) idx[k] = i * micro + k;
     auto batch = eval_data.make_batch(idx, 0).to(ctx.device);
     auto autocast = maybe_autocast(autocast_, ctx.device);
-    ModelOutput out = forward_step(batch, model);
+    ModelOutput out;
+    if (prepared_ && b.pipelined()) {
+      out.loss = b.eval_forward(batch.tensors);  // the model's stage plan; the loss on the last stage
+      if (!out.loss.defined()) out.loss = torch::zeros({}, torch::kDouble);  // reduce_metric takes the last stage's
+    } else {
+      out = forward_step(batch, model);
+    }
     cast_outputs(output_cast_, out);
     sum += out.loss.item<double>();
     ++mine;
@@ -525,23 +531,40 @@ StepResult Trainer::train_step(torch::nn::Module& model, const BatchSource& data
           per_step(static_cast<double>(b.samples_per_step())) {}
     at::Tensor forward(int64_t n) override {
       const auto t0 = Clock::now();
-      const auto d = draw(n);
-      t.epoch_ = d.epoch;
-      Batch batch = data.make_batch(d.indices, d.epoch).to(device);
+      Batch batch = read_batch(n);
       ModelOutput out;
       {
         auto autocast = maybe_autocast(t.autocast_, device);
         out = t.forward_step(batch, model);
       }
+      forward_ms += ms_since(t0);
+      return weigh_output(out, n);
+    }
+    Batch read_batch(int64_t n) {
+      const auto d = draw(n);
+      t.epoch_ = d.epoch;
+      samples += n;
+      return data.make_batch(d.indices, d.epoch).to(device);
+    }
+    at::Tensor weigh_output(ModelOutput& out, int64_t n) {
       cast_outputs(t.output_cast_, out);
       PT_CHECK(out.loss.defined(), "forward_step returned no loss");
       at::Tensor scaled = out.loss;
       if (request.loss_scale != 1.0) scaled = scaled.to(torch::kFloat) * request.loss_scale;  // a power of 2: exact
       auto weighted = out.loss.detach().to(torch::kDouble) * static_cast<double>(n);
       loss_sum = loss_sum.defined() ? loss_sum + weighted : weighted;
-      samples += n;
-      forward_ms += ms_since(t0);
       return scaled / (per_step / static_cast<double>(n));
+    }
+    // A pipeline schedule: the model's stage plan runs instead of forward_step.
+    std::map<std::string, at::Tensor> read(int64_t n) override { return read_batch(n).tensors; }
+    at::Tensor weigh(const at::Tensor& loss, int64_t n) override {
+      ModelOutput out;
+      out.loss = loss;
+      return weigh_output(out, n);
+    }
+    void autocast(const std::function<void()>& fn) override {
+      auto autocast = maybe_autocast(t.autocast_, device);
+      fn();
     }
   } runner(*this, model, data, stream, request, b);
   if (elastic_) {
@@ -557,7 +580,8 @@ StepResult Trainer::train_step(torch::nn::Module& model, const BatchSource& data
   PT_CHECK(runner.samples > 0, b.name(), " asked for no micro-batch in step ", step_ + 1);
   // The step's host syncs on a GPU: this read of the loss (once the backward is queued) and
   // the gradient norm in b.step; the next batch is made and copied while the update runs.
-  const double loss_total = runner.loss_sum.item<double>();
+  // A pipeline's earlier stages hold no loss: reduce_metric takes the last stage's.
+  const double loss_total = runner.loss_sum.defined() ? runner.loss_sum.item<double>() : 0.0;
   if (elastic_) {
     // Before the update: a failure in any collective of the step then leaves the weights alone.
     *loss = b.reduce_metric(loss_total / elastic_->loss_divisor());

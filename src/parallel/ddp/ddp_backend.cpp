@@ -18,6 +18,7 @@
 #include "polytrain/parallel/comm/comm_failure.h"
 #include "polytrain/parallel/comm/rank_ops.h"
 #include "polytrain/parallel/parallel_dims.h"
+#include "polytrain/parallel/pipeline/pipeline_stage.h"
 #include "polytrain/parallel/tensor_parallel/tp_transform.h"
 
 namespace polytrain {
@@ -41,12 +42,20 @@ DdpBackend::DdpBackend(const Config& cfg, std::unique_ptr<Communicator> world)
                  " partitions the optimizer: ZeroBackend runs it (make_backend picks it), not DdpBackend");
   set_data_parallel_context(ctx_, *comm_);
   if (dims.tp > 1) name_ = t.env_type;
-  // tp > 1: gradients averaged over this rank's DP group, the TP transform over its TP group.
-  TpGrid grid = split_tp_grid(comm_, dims.tp, t.seed, name_, ctx_);
+  // tp > 1: gradients averaged over this rank's DP group, the TP transform over its TP group;
+  // pp > 1: the stage's parameters over its DP group, activations over its pipeline.
+  PT_INPUT_CHECK(!ft_.enabled || dims.pp == 1, "trainer.fault_tolerance: not with pipeline parallelism "
+                 "(trainer.pipeline_parallel_size ", dims.pp, "): a lost rank takes a stage with it");
+  TpGrid grid = split_tp_grid(comm_, dims.tp, t.seed, name_, ctx_, dims.pp);
   world_ = std::move(grid.world);
   tp_group_ = std::move(grid.tp_group);
+  pp_group_ = std::move(grid.pp_group);
   tp_transform_ = std::move(grid.transform);
   tp_split_ = tp_transform_.get();
+  if (pp_group_) {
+    pipe_ = std::make_unique<PipelineStage>(*pp_group_, cfg.pipeline, cfg.batch.gradient_accumulation_steps, ctx_.device);
+    pipe_split_ = pipe_.get();
+  }
   bucket_bytes_ = t.reduce_bucket_size;
   overlap_ = t.overlap_comm;
   find_unused_ = t.find_unused_parameters;
@@ -296,6 +305,7 @@ DdpBackend::~DdpBackend() {
 
 void DdpBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Config& cfg) {
   if (tp_transform_) tp_transform_->apply(*model);  // the model transform first: buckets hold this rank's parts
+  if (pipe_) pipe_->apply(*model);  // then the stage's layers: buckets hold this stage's parameters
   // Every rank starts from rank 0's weights, broadcast before build() so that amp's fp32
   // master weights are copies of rank 0's too.
   model->to(ctx_.device);
@@ -313,16 +323,33 @@ void DdpBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Config&
       if (tp_transform_->counts_toward_norm(names_[i])) norm_params_->push_back(params_[i]);
     norm_reduce_ = [this](double local) { return tp_transform_->sum(local); };
   }
+  if (pipe_) {  // and over the stages, each counting the parameters it trains
+    norm_reduce_ = [this](double local) { return pipe_->sum(tp_transform_ ? tp_transform_->sum(local) : local); };
+  }
+}
+
+void DdpBackend::run_micro_batches(MicroBatchRunner& runner) {
+  if (!pipe_) return Backend::run_micro_batches(runner);
+  // The schedule's backwards only accumulate; step() all-reduces every bucket.
+  pipe_->run(runner, accumulation_, micro_, [this](const at::Tensor& loss, const MicroStep& m) { backward(loss, m); });
+}
+
+at::Tensor DdpBackend::eval_forward(const std::map<std::string, at::Tensor>& inputs) {
+  PT_CHECK(pipe_ != nullptr, "eval_forward without a pipeline");
+  return pipe_->forward_only(inputs);
 }
 
 NamedTensors DdpBackend::full_state(torch::nn::Module& model) {
   NamedTensors state = state_with_masters(model);
+  if (pipe_) state = pipe_->own(state);
   if (tp_transform_) tp_transform_->gather(state);
+  if (pipe_) state = pipe_->gather(std::move(state));
   return state;
 }
 
 void DdpBackend::load_full_state(torch::nn::Module& model, const NamedTensors& state, const std::string& origin) {
-  const NamedTensors mine = tp_transform_ ? tp_transform_->slice(state, origin) : state;
+  NamedTensors mine = tp_transform_ ? tp_transform_->slice(state, origin) : state;
+  if (pipe_) mine = pipe_->select(mine);
   load_module_state(model, mine, origin);
   load_masters(mine);
 }
@@ -338,6 +365,7 @@ void DdpBackend::load_shards(ShardReader& reader) {
 }
 
 void DdpBackend::release_model(torch::nn::Module& model) {
+  if (pipe_) pipe_->release(model);  // every stage's parameters on every stage, then whole TP parts
   if (tp_transform_) tp_transform_->release(model);
 }
 
@@ -357,7 +385,7 @@ void DdpBackend::launch(size_t b) {
 StepResult DdpBackend::step(const StepRequest& request, int64_t step) {
   const auto t0 = std::chrono::steady_clock::now();
   for (size_t b = 0; b < buckets_->size(); ++b) {
-    if (!work_[b] && !find_unused_) {
+    if (!work_[b] && !find_unused_ && !pipe_) {  // a pipeline's backwards never arm the buckets
       const auto missing = buckets_->missing(b);
       if (!missing.empty()) {
         throw InputError(cat("pytorchDDP: parameter '", missing.front(), "' received no gradient in this step on rank ",
@@ -377,6 +405,7 @@ StepResult DdpBackend::step(const StepRequest& request, int64_t step) {
   // Identical gradients on every rank: the same norm, the same skip decision everywhere.
   StepResult r = update(request, step);
   buckets_->zero();
+  if (pipe_) pipe_->after_step();
   return r;
 }
 
@@ -389,6 +418,9 @@ std::string DdpBackend::share(const std::string& value) {
   return v;
 }
 
-double DdpBackend::reduce_metric(double local_value) { return mean_over_ranks(*comm_, ctx_.device, local_value); }
+double DdpBackend::reduce_metric(double local_value) {
+  const double v = mean_over_ranks(*comm_, ctx_.device, local_value);
+  return pipe_ ? pipe_->from_last(v) : v;  // a pipeline's losses are its last stage's
+}
 
 }  // namespace polytrain

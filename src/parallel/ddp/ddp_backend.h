@@ -18,6 +18,7 @@
 
 namespace polytrain {
 
+class PipelineStage;
 class TensorParallelTransform;
 
 /// With trainer.fault_tolerance (Gloo, tensor-parallel size 1) it is an ElasticGroup
@@ -32,6 +33,11 @@ class DdpBackend : public ReplicatedBackend, public ElasticGroup {
   std::string name() const override { return name_; }
   std::string comm_engine() const override { return comm_->engine(); }
   void prepare(std::shared_ptr<torch::nn::Module> model, const Config& cfg) override;
+  void run_micro_batches(MicroBatchRunner& runner) override;
+  bool pipelined() const override { return pipe_ != nullptr; }
+  at::Tensor eval_forward(const std::map<std::string, at::Tensor>& inputs) override;
+  /// The pipeline stage of this rank (null at pipeline_parallel_size 1).
+  PipelineStage* pipeline() { return pipe_.get(); }
   void backward(const at::Tensor& loss, const MicroStep& m) override;
   StepResult step(const StepRequest& request, int64_t step) override;
   double reduce_metric(double local_value) override;
@@ -73,6 +79,8 @@ class DdpBackend : public ReplicatedBackend, public ElasticGroup {
   std::string name_ = "pytorchDDP";
   std::unique_ptr<Communicator> world_;      ///< the whole grid (null at TP 1: comm_ is the world)
   std::unique_ptr<Communicator> tp_group_;
+  std::unique_ptr<Communicator> pp_group_;   ///< this rank's pipeline (null at PP 1)
+  std::unique_ptr<PipelineStage> pipe_;      ///< PP > 1: the stage's layers, applied after TP
   std::unique_ptr<TensorParallelTransform> tp_transform_;  ///< TP > 1: the model transform applied first
   std::unique_ptr<Communicator> comm_;       ///< the data-parallel group gradients are averaged over
   int64_t bucket_bytes_ = 25000000;

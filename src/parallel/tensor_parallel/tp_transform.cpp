@@ -102,18 +102,21 @@ void TensorParallelTransform::load_rng(const ShardReader& reader) {
 }
 
 TpGrid split_tp_grid(std::unique_ptr<Communicator>& comm, int64_t tp, int64_t seed, const std::string& env_type,
-                     RankContext& ctx) {
+                     RankContext& ctx, int64_t pp) {
   TpGrid g;
-  if (tp <= 1) return g;
+  if (tp <= 1 && pp <= 1) return g;
   g.world = std::move(comm);
-  ProcessGroups pg = make_process_groups(*g.world, tp);
+  ProcessGroups pg = make_process_groups(*g.world, tp, pp);
   g.tp_group = std::move(pg.tp_group);
+  g.pp_group = std::move(pg.pp_group);
   comm = std::move(pg.dp_group);
   ctx.tp_rank = pg.coord.tp_rank;
   ctx.tp_size = pg.shape.tp;
   ctx.dp_rank = pg.coord.dp_rank;
   ctx.dp_size = pg.shape.dp;
-  g.transform = std::make_unique<TensorParallelTransform>(*g.tp_group, seed, ctx.device, env_type);
+  ctx.pp_rank = pg.coord.pp_rank;
+  ctx.pp_size = pg.shape.pp;
+  if (tp > 1) g.transform = std::make_unique<TensorParallelTransform>(*g.tp_group, seed, ctx.device, env_type);
   return g;
 }
 

@@ -77,16 +77,17 @@ class TensorParallelTransform {
   std::unique_ptr<TpSharding> sharding_;
 };
 
-/// The TP x DP grid a data-parallel strategy runs on: with tp > 1 the world is split into TP
-/// groups (adjacent ranks) and DP groups, `comm` becomes this rank's DP group, `ctx` gets the
-/// grid coordinates and the TP transform is built over the TP group; with tp 1 nothing changes
-/// and the grid is empty.
+/// The TP x DP x PP grid a data-parallel strategy runs on: with tp > 1 or pp > 1 the world is
+/// split into TP groups (adjacent ranks), DP groups and pipelines, `comm` becomes this rank's DP
+/// group, `ctx` gets the grid coordinates and, with tp > 1, the TP transform is built over the TP
+/// group; with tp 1 and pp 1 nothing changes and the grid is empty.
 struct TpGrid {
-  std::unique_ptr<Communicator> world;     ///< null at tp 1 (the strategy's communicator is the world)
+  std::unique_ptr<Communicator> world;     ///< null at tp 1 and pp 1 (the strategy's communicator is the world)
   std::unique_ptr<Communicator> tp_group;
+  std::unique_ptr<Communicator> pp_group;  ///< null at pp 1
   std::unique_ptr<TensorParallelTransform> transform;  ///< declared last: destroyed before its group
 };
 TpGrid split_tp_grid(std::unique_ptr<Communicator>& comm, int64_t tp, int64_t seed, const std::string& env_type,
-                     RankContext& ctx);
+                     RankContext& ctx, int64_t pp = 1);
 
 }  // namespace polytrain

@@ -25,6 +25,7 @@
 #include "polytrain/parallel/parallel_dims.h"
 #include "polytrain/parallel/replicated_backend.h"
 #include "polytrain/parallel/tensor_parallel/tp_plan.h"
+#include "polytrain/parallel/pipeline/pipeline_stage.h"
 #include "polytrain/parallel/tensor_parallel/tp_transform.h"
 #include "polytrain/parallel/universal_state.h"
 #include "polytrain/parallel/update.h"
@@ -393,10 +394,15 @@ ZeroBackend::ZeroBackend(const Config& cfg, std::unique_ptr<Communicator> world)
   clip_ = cfg.gradient_clipping;
   set_data_parallel_context(ctx_, *comm_);
   // tp > 1: ZeRO runs over this rank's DP group, the TP transform over its TP group.
-  TpGrid grid = split_tp_grid(comm_, dims.tp, t.seed, name_, ctx_);
+  TpGrid grid = split_tp_grid(comm_, dims.tp, t.seed, name_, ctx_, dims.pp);
   world_ = std::move(grid.world);
   tp_group_ = std::move(grid.tp_group);
+  pp_group_ = std::move(grid.pp_group);
   tp_ = std::move(grid.transform);
+  if (pp_group_) {  // pp > 1: ZeRO partitions this stage's parameters over its dp group
+    stage_grid_ = world_->split(static_cast<int>(ctx_.pp_rank), static_cast<int>(ctx_.rank));
+    pipe_ = std::make_unique<PipelineStage>(*pp_group_, cfg.pipeline, cfg.batch.gradient_accumulation_steps, ctx_.device);
+  }
   owners_ = stage_ == 0 ? 1 : ctx_.dp_size;
   owner_ = stage_ == 0 ? 0 : ctx_.dp_rank;
 }
@@ -433,6 +439,7 @@ void ZeroBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Config
   check_optimizer(cfg.optimizer);
   model_ = std::move(model);
   if (tp_) tp_->apply(*model_);  // the model transform first: ZeRO partitions this rank's parts
+  if (pipe_) pipe_->apply(*model_);  // then the stage's layers: ZeRO partitions what this stage trains
   model_->to(ctx_.device);
   broadcast_module_state(*comm_, *model_);  // every dp rank starts from dp rank 0's weights
 
@@ -445,7 +452,8 @@ void ZeroBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Config
 // Phase 1: the trainable parameters in registration order, each with its group and place in it.
 std::vector<ParamGroup> ZeroBackend::collect_params(const OptimizerConfig& o) {
   NamedParams named;
-  for (const auto& item : model_->named_parameters(/*recurse=*/true)) named.emplace_back(item.key(), item.value());
+  for (const auto& item : model_->named_parameters(/*recurse=*/true))
+    if (!pipe_ || !pipe_->mirrors(item.key())) named.emplace_back(item.key(), item.value());  // a mirror trains elsewhere
   std::vector<ParamGroup> split = split_by_decay(o, named);
   if (stage_ == 3) split = split_by_unit(split);
   // Registration order over the groups (split_by_decay keeps it within each group).
@@ -644,7 +652,14 @@ void ZeroBackend::layer_done(const torch::nn::Module& layer) {
   if (!reused_soon(it->second)) release_unit(it->second);
 }
 
+at::Tensor ZeroBackend::eval_forward(const std::map<std::string, at::Tensor>& inputs) {
+  PT_CHECK(pipe_ != nullptr, "eval_forward without a pipeline");
+  return pipe_->forward_only(inputs);
+}
+
 void ZeroBackend::run_micro_batches(MicroBatchRunner& runner) {
+  if (pipe_)  // the schedule's backwards accumulate (stage 2: and reduce); step() reduces the rest
+    return pipe_->run(runner, accumulation_, micro_, [this](const at::Tensor& loss, const MicroStep& m) { backward(loss, m); });
   if (stage_ != 3) return Backend::run_micro_batches(runner);
   tracing_ = !traced_;
   in_step_ = true;
@@ -953,6 +968,8 @@ void ZeroBackend::gather_params() {
 }
 
 StepResult ZeroBackend::step(const StepRequest& request, int64_t step) {
+  if (pipe_ && stage_ <= 1)  // a pipeline's backwards never sync: stages 0-1 reduce the accumulated gradients now
+    for (size_t b = 0; b < buckets_.size(); ++b) launch(b);
   for (size_t s = 0; s < flight_.size(); ++s) drain(s);
   torch::NoGradGuard no_grad;
   const double dp = static_cast<double>(ctx_.dp_size);
@@ -961,16 +978,24 @@ StepResult ZeroBackend::step(const StepRequest& request, int64_t step) {
     if (!g->master_grad.is_same(g->grad)) g->master_grad.copy_(g->grad);  // to CPU memory / fp32
   }
   SquaredNormReducer reduce;
-  if (tp_) reduce = [this](double sq) { return sum_over_ranks(world(), ctx_.device, sq); };  // parts over TP, partitions over DP
+  if (tp_) reduce = [this](double sq) { return sum_over_ranks(stage_grid(), ctx_.device, sq); };  // parts over TP, partitions over DP
   else if (owners_ > 1) reduce = [this](double sq) { return sum_over_ranks(*comm_, ctx_.device, sq); };
+  if (pipe_) {  // and the stages' parameters over the pipeline
+    SquaredNormReducer within = reduce;
+    reduce = [this, within](double sq) { return pipe_->sum(within ? within(sq) : sq); };
+  }
   const UpdateOutcome u =
       apply_update(masters_, *optimizer_, update_options(request, clip_), reduce, tp_ ? &norm_views_ : nullptr);
   if (u.applied) gather_params();
   for (auto& g : groups_) (stage_ <= 1 ? g->grad_full : g->grad).zero_();
+  if (pipe_) pipe_->after_step();
   return step_result(u, step, global_batch_);
 }
 
-double ZeroBackend::reduce_metric(double local_value) { return mean_over_ranks(*comm_, ctx_.device, local_value); }
+double ZeroBackend::reduce_metric(double local_value) {
+  const double v = mean_over_ranks(*comm_, ctx_.device, local_value);
+  return pipe_ ? pipe_->from_last(v) : v;  // a pipeline's losses are its last stage's
+}
 
 std::string ZeroBackend::share(const std::string& value) { return share_from_rank0(world(), ctx_.device, value); }
 
@@ -980,7 +1005,9 @@ NamedTensors ZeroBackend::full_state(torch::nn::Module& model) {
   if (stage_ == 3)
     for (auto& [name, t] : state) t = t.detach().clone();  // the gathered buffers are let go below
   let_go_all();
+  if (pipe_) state = pipe_->own(state);
   if (tp_) tp_->gather(state);
+  if (pipe_) state = pipe_->gather(std::move(state));
   return state;
 }
 
@@ -989,12 +1016,15 @@ void ZeroBackend::release_model(torch::nn::Module& model) {
     hold_all();
     released_model_ = true;
   }
+  if (pipe_) pipe_->release(model);  // every stage's parameters on every stage, then whole TP parts
   if (tp_) tp_->release(model);
 }
 
 void ZeroBackend::load_full_state(torch::nn::Module& model, const NamedTensors& state, const std::string& origin) {
   hold_all();
-  Backend::load_full_state(model, tp_ ? tp_->slice(state, origin) : state, origin);
+  NamedTensors mine = tp_ ? tp_->slice(state, origin) : state;
+  if (pipe_) mine = pipe_->select(mine);
+  Backend::load_full_state(model, mine, origin);
   torch::NoGradGuard no_grad;
   for (auto& g : groups_) {
     if (partitioned(g->index)) g->flat_part.copy_(g->flat.narrow(0, layouts_[g->index].begin_of(owner_), layouts_[g->index].part));
@@ -1176,8 +1206,8 @@ void ZeroBackend::load_shards(ShardReader& reader) {
     });
   }
   for (const auto& [name, ps] : state.params)
-    PT_INPUT_CHECK(mine.count(name), reader.origin(), ": optimizer state for parameter '", name,
-                   "', which this model does not train");
+    PT_INPUT_CHECK(mine.count(name) || (pipe_ && (pipe_->dropped(name) || pipe_->mirrors(name))), reader.origin(),
+                   ": optimizer state for parameter '", name, "', which this model does not train");
   static_cast<PartitionAdam&>(*optimizer_).set_step_count(state.step);
   for (auto& g : groups_)
     if (!g->master_is_view) g->flat_part.copy_(g->master);

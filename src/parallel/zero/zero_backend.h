@@ -36,6 +36,7 @@ namespace polytrain {
 
 class LayerParams;
 class Optimizer;
+class PipelineStage;
 class TensorParallelTransform;
 struct OptimizerConfig;
 struct ParamGroup;
@@ -85,6 +86,10 @@ class ZeroBackend : public Backend {
   void load_full_state(torch::nn::Module& model, const NamedTensors& state, const std::string& origin) override;
   void release_model(torch::nn::Module& model) override;
   void run_micro_batches(MicroBatchRunner& runner) override;
+  bool pipelined() const override { return pipe_ != nullptr; }
+  at::Tensor eval_forward(const std::map<std::string, at::Tensor>& inputs) override;
+  /// The pipeline stage of this rank (null at pipeline_parallel_size 1).
+  PipelineStage* pipeline() { return pipe_.get(); }
   void begin_eval() override;
   void end_eval() override;
   bool writes_shard() const override { return stage_ > 0 || ctx_.dp_rank == 0; }
@@ -150,10 +155,15 @@ class ZeroBackend : public Backend {
   void build_norm_views();
   void build_buckets();
   Communicator& world() { return world_ ? *world_ : *comm_; }
+  /// The TP x DP grid of this rank's pipeline stage (the world without pipeline parallelism).
+  Communicator& stage_grid() { return stage_grid_ ? *stage_grid_ : world(); }
 
   std::string name_ = "deepspeed";
   std::unique_ptr<Communicator> world_;  ///< the whole grid (null at TP 1: comm_ is the world)
   std::unique_ptr<Communicator> tp_group_;
+  std::unique_ptr<Communicator> pp_group_;    ///< this rank's pipeline (null at PP 1)
+  std::unique_ptr<Communicator> stage_grid_;  ///< PP > 1: the ranks of this stage
+  std::unique_ptr<PipelineStage> pipe_;       ///< PP > 1: the stage's layers, applied after TP
   std::unique_ptr<TensorParallelTransform> tp_;  ///< TP > 1: the model transform applied first
   std::unique_ptr<Communicator> comm_;  ///< the data-parallel group ZeRO partitions over
   /// TP > 1: views of the owned partition whose gradients count toward the global norm (a
