@@ -324,6 +324,25 @@ TEST_P(PipeContract, Pp2WithDp2Tp2AndZero2ReproduceOneProcess) {
 
 INSTANTIATE_TEST_SUITE_P(Families, PipeContract, ::testing::Values("gpt2", "bert", "t5"));
 
+// ALBERT's one shared layer group runs on every stage: trained on stage 0, mirrored on the others,
+// its gradient summed there from every stage (with the SOP head on the last stage).
+TEST(PipeAlbert, TheSharedLayerAcrossPp2AndPp4FollowsOneProcess) {
+  TpRun two = pp_run(2, 2), four = pp_run(4, 4);
+  for (TpRun* r : {&two, &four}) {
+    r->layers = 4;
+    r->accumulation = 4;
+  }
+  TpRun one{1, 0};
+  one.layers = 4;
+  one.accumulation = 4;
+  TempDir tmp("pp_albert");
+  train("albert", tmp.path / "one", one);
+  train("albert", tmp.path / "pp2", two);
+  train("albert", tmp.path / "pp4", four);
+  expect_same_run(tmp.path / "one", tmp.path / "pp2", 1e-5, "albert pp2");
+  expect_same_run(tmp.path / "one", tmp.path / "pp4", 1e-5, "albert pp4");
+}
+
 // The other schedules and the partition methods give the same training (GPT-2, PP 2, 4 layers):
 // GPipe, interleaved 1F1B with 2 chunks per stage, activation checkpointing per stage.
 TEST(PipeSchedules, GpipeInterleavedAndCheckpointedFollowOneProcess) {
@@ -376,7 +395,7 @@ namespace {
 
 // Every rank of a `world`-process pipeline must fail prepare() with an InputError containing `expected`.
 void expect_pipeline_error(int world, int pp, int64_t layers, const std::string& expected,
-                           const std::function<void(Config&)>& edit = {}) {
+                           const std::function<void(Config&)>& edit = {}, const std::string& family = "gpt2") {
   TempDir tmp("pp_error");
   const int port = free_port();
   std::fflush(nullptr);
@@ -386,7 +405,7 @@ void expect_pipeline_error(int world, int pp, int64_t layers, const std::string&
       Config cfg = run_config(tmp.path, r);
       if (edit) edit(cfg);
       auto backend = make_backend(cfg, make_gloo_communicator(rank, world, "127.0.0.1", port, std::chrono::seconds(30)));
-      backend->prepare(make_model("gpt2", 0.0, layers), cfg);
+      backend->prepare(make_model(family, 0.0, layers), cfg);
     } catch (const InputError& e) {
       const std::string msg = e.what();
       if (msg.find(expected) != std::string::npos && msg.find('\n') == std::string::npos) return 0;
@@ -412,6 +431,14 @@ TEST(PipeErrors, APartitionThatLeavesAStageEmpty) {
 TEST(PipeErrors, VirtualStagesThatDoNotDivideTheLayers) {
   expect_pipeline_error(2, 2, 6, "pipeline.virtual_stages 2 does not divide the model's layers",
                         [](Config& c) { c.pipeline.virtual_stages = 2; });
+}
+
+// ALBERT's middle stages at PP 4 read only the shared layer, trained on stage 0: nothing for ZeRO
+// to partition there (pytorchDDP runs them, PipeAlbert above).
+TEST(PipeErrors, ZeroOnAStageWithoutParametersOfItsOwn) {
+  expect_pipeline_error(4, 4, 4, "2 of the 4 pipeline stages train no parameter of their own", [](Config& c) {
+    c.trainer.env_type = "deepspeed";
+  }, "albert");
 }
 
 TEST(PipeErrors, FewerMicroBatchesThanStagesForInterleaving) {

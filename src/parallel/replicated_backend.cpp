@@ -3,6 +3,7 @@
 #include "polytrain/parallel/replicated_backend.h"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 #include <torch/cuda.h>
@@ -76,10 +77,19 @@ void ReplicatedBackend::build(std::shared_ptr<torch::nn::Module> model, const Co
     if (!masters_.empty() && !masters_[i].is_same(params_[i])) master_of_[names_[i]] = i;
     named.emplace_back(names_[i], masters_.empty() ? params_[i] : masters_[i]);
   }
+  // A pipeline stage may train nothing of its own (ALBERT's middle stages hold only the shared
+  // layer, trained on the first stage): it steps no optimizer but still takes part in the norm.
+  if (named.empty() && pipe_split_) return;
   optimizer_ = make_optimizer(cfg.optimizer, split_by_decay(cfg.optimizer, named));
 }
 
 StepResult ReplicatedBackend::update(const StepRequest& request, int64_t step) {
+  if (!optimizer_) {  // nothing to train here: the global norm's decision all the same
+    UpdateOutcome u;
+    u.grad_norm = std::sqrt(norm_reduce_ ? norm_reduce_(0.0) : 0.0);
+    u.applied = std::isfinite(u.grad_norm);
+    return step_result(u, step, global_batch_);
+  }
   if (masters_.empty())
     return step_result(apply_update(params_, *optimizer_, update_options(request, clip_), norm_reduce_,
                                     norm_params_ ? &*norm_params_ : nullptr),
@@ -129,7 +139,7 @@ void ReplicatedBackend::masters_to_params() {
 }
 
 void ReplicatedBackend::zero_grads() {
-  optimizer_->zero_grad();
+  if (optimizer_) optimizer_->zero_grad();
   if (!masters_.empty()) zero_model_grads();
 }
 
@@ -172,7 +182,7 @@ std::map<std::string, PieceLayout> ReplicatedBackend::piece_layout() const {
 }
 
 void ReplicatedBackend::save_shard(torch::serialize::OutputArchive& archive) {
-  std::vector<StatePiece> pieces = optimizer_pieces(*optimizer_, piece_layout());
+  std::vector<StatePiece> pieces = optimizer_ ? optimizer_pieces(*optimizer_, piece_layout()) : std::vector<StatePiece>{};
   // Under tensor parallelism a replicated parameter's state is the same on every TP rank: TP
   // rank 0 saves it, the others only their parts of split parameters.
   if (ctx_.tp_rank != 0)
@@ -191,7 +201,7 @@ void ReplicatedBackend::load_shards(ShardReader& reader) {
     for (const auto& [name, ps] : state.params)
       PT_INPUT_CHECK(mine.count(name) || (pipe_split_ && (pipe_split_->dropped(name) || pipe_split_->mirrors(name))), reader.origin(),
                      ": optimizer state for parameter '", name, "', which this model does not train");
-    load_optimizer_state(*optimizer_, state, specs, ctx_.tp_rank, ctx_.tp_size, reader.origin());
+    if (optimizer_) load_optimizer_state(*optimizer_, state, specs, ctx_.tp_rank, ctx_.tp_size, reader.origin());
     return;
   }
   // The optimizer's own archive (a swarm peer's state): every rank held the same state, rank 0

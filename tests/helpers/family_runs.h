@@ -18,6 +18,7 @@
 
 #include "polytrain/checkpoint/safetensors.h"
 #include "polytrain/common/config.h"
+#include "polytrain/models/albert.h"
 #include "polytrain/models/bert.h"
 #include "polytrain/models/gpt2.h"
 #include "polytrain/models/t5.h"
@@ -70,12 +71,17 @@ class TokenSource : public BatchSource {
     if (family_ == "gpt2") {
       b.set("input_ids", x);
       b.set("labels", x);
-    } else if (family_ == "bert") {
+    } else if (family_ == "bert" || family_ == "albert") {
       auto masked = torch::zeros_like(x, torch::kBool);
       masked.index_put_({torch::indexing::Slice(), torch::indexing::Slice(1, 16, 4)}, true);
       b.set("input_ids", x.masked_fill(masked, 3));
       b.set("token_type_ids", torch::zeros_like(x));
       b.set("labels", x.masked_fill(masked.logical_not(), -100));
+      if (family_ == "albert") {
+        std::vector<int64_t> order;
+        for (auto i : indices) order.push_back(i % 2);
+        b.set("sentence_order_label", torch::tensor(order, torch::kLong));
+      }
     } else {
       b.set("input_ids", x);
       b.set("labels", torch::stack(labels));
@@ -103,6 +109,14 @@ inline std::shared_ptr<torch::nn::Module> make_model(const std::string& family, 
     c.hidden_dropout_prob = c.attention_probs_dropout_prob = dropout;
     return BertForMaskedLM(c).ptr();
   }
+  if (family == "albert") {  // ALBERT for pre-training: one shared layer group, the SOP head
+    AlbertConfig c;
+    c.vocab_size = kVocab, c.embedding_size = 16, c.hidden_size = 32, c.num_hidden_layers = layers;
+    c.num_attention_heads = 4, c.intermediate_size = 48, c.max_position_embeddings = 32;
+    c.hidden_dropout_prob = c.attention_probs_dropout_prob = dropout, c.classifier_dropout_prob = dropout;
+    c.sentence_order_prediction = true;
+    return AlbertForMaskedLM(c).ptr();
+  }
   T5Config c;  // v1.1 style: gated feed-forward, an untied LM head (vocab-parallel on its own)
   c.vocab_size = kVocab, c.d_model = 32, c.d_kv = 8, c.d_ff = 48, c.num_layers = layers, c.num_heads = 4;
   c.relative_attention_num_buckets = 8, c.relative_attention_max_distance = 12;
@@ -116,6 +130,10 @@ class FamilyTrainer : public Trainer {
   ModelOutput forward_step(const Batch& b, torch::nn::Module& model) override {
     if (family_ == "gpt2")
       return dynamic_cast<Gpt2LMHeadModelImpl&>(model).forward(b.at("input_ids"), b.at("attention_mask"), b.at("labels"));
+    if (family_ == "albert")
+      return dynamic_cast<AlbertForMaskedLMImpl&>(model).forward(b.at("input_ids"), b.at("attention_mask"),
+                                                                 b.at("token_type_ids"), b.at("labels"),
+                                                                 b.at("sentence_order_label"));
     if (family_ == "bert")
       return dynamic_cast<BertForMaskedLMImpl&>(model).forward(b.at("input_ids"), b.at("attention_mask"),
                                                                b.at("token_type_ids"), b.at("labels"));

@@ -439,7 +439,16 @@ void ZeroBackend::prepare(std::shared_ptr<torch::nn::Module> model, const Config
   check_optimizer(cfg.optimizer);
   model_ = std::move(model);
   if (tp_) tp_->apply(*model_);  // the model transform first: ZeRO partitions this rank's parts
-  if (pipe_) pipe_->apply(*model_);  // then the stage's layers: ZeRO partitions what this stage trains
+  if (pipe_) {  // then the stage's layers: ZeRO partitions what this stage trains
+    pipe_->apply(*model_);
+    // Every stage learns whether one of them has nothing to partition, so all fail alike.
+    bool own = false;
+    for (const auto& item : model_->named_parameters(true)) own = own || pipe_->trains(item.key());
+    const double without = pipe_->sum(own ? 0.0 : 1.0);
+    PT_INPUT_CHECK(without == 0, without, " of the ", pipe_->stages(), " pipeline stages train no parameter of their "
+                   "own (every parameter they read is trained on another stage, as ALBERT's shared layer): ZeRO "
+                   "partitions a stage's own parameters; use fewer stages or env_type pytorchDDP");
+  }
   model_->to(ctx_.device);
   broadcast_module_state(*comm_, *model_);  // every dp rank starts from dp rank 0's weights
 
