@@ -7,9 +7,10 @@
 //      process running the whole model (the ideal is 1 / (P (1 - bubble)) of it); stage 0's peak
 //      activation memory (heap in use above the step's start, glibc mallinfo2) for 1F1B against
 //      GPipe, and the same at P = 4 (4 processes on this machine's cores: memory only).
-//   B. The same schedules at P = 4 on layers that sleep a fixed time (forward 4 ms, backward
-//      8 ms per stage and micro-batch), so the machine's core count does not shape the timeline:
-//      the engine's own schedule and communication against theory.
+//   B. The same schedules (and ZB-H1) at P = 4 on layers that sleep a fixed time (forward 4 ms,
+//      backward 8 ms per stage and micro-batch, half for the input gradient and half for the
+//      weight's), so the machine's core count does not shape the timeline: the engine's own
+//      schedule and communication against theory (ZB-H1: the replay of its lists).
 //   C. The hardware limit of the links: loopback point-to-point bandwidth between two ranks
 //      (64 MiB messages), and the activation bytes a stage sends per step in A.
 // Usage: bench_pipeline [STEPS]   (default 3 measured steps after one warm-up step)
@@ -133,8 +134,8 @@ json run_stage(int rank, int world, int port, const std::string& schedule, int64
   DdpBackend backend(cfg, std::move(comm));
   auto model = make_model();
   backend.prepare(model, cfg);
-  double idle = 0, step_s = 0, compute_s = 0;
-  int64_t peak_bytes = 0, in_flight = 0;
+  double idle = 0, step_s = 0, compute_s = 0, weight_s = 0;
+  int64_t peak_bytes = 0, in_flight = 0, split = 0;
   for (int k = 0; k <= steps; ++k) {
     Runner runner;
     runner.make = inputs;
@@ -145,24 +146,40 @@ json run_stage(int rank, int world, int port, const std::string& schedule, int64
     idle += 1.0 - s.compute_s / s.step_s;
     step_s += s.step_s;
     compute_s += s.compute_s;
+    weight_s += s.weight_s;
+    split = s.split_backwards;
     peak_bytes = std::max(peak_bytes, s.peak_activation_bytes);
     in_flight = std::max(in_flight, s.peak_in_flight);
   }
   return {{"idle", idle / steps}, {"step_s", step_s / steps}, {"compute_s", compute_s / steps},
-          {"peak_bytes", peak_bytes}, {"in_flight", in_flight}, {"describe", backend.pipeline()->describe()}};
+          {"peak_bytes", peak_bytes}, {"in_flight", in_flight}, {"describe", backend.pipeline()->describe()},
+          {"weight_s", weight_s / steps}, {"split", split}};
 }
 
-// A layer that takes a fixed time: sleeps `fwd` in forward and `bwd` in backward.
+// A layer x * w that takes a fixed time: sleeps `fwd` in forward, and in backward half of `bwd`
+// for the input's gradient and half for the weight's (ZB-H1's B and W ask for one each).
 struct Sleep : torch::autograd::Function<Sleep> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, double fwd, double bwd) {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, double fwd,
+                            double bwd) {
     ctx->saved_data["bwd"] = bwd;
+    ctx->save_for_backward({x, w});
     std::this_thread::sleep_for(std::chrono::duration<double>(fwd));
-    return x.clone();
+    return x * w;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list g) {
-    std::this_thread::sleep_for(std::chrono::duration<double>(ctx->saved_data["bwd"].toDouble()));
-    return {g[0], at::Tensor(), at::Tensor()};
+    const double half = ctx->saved_data["bwd"].toDouble() / 2;
+    const auto saved = ctx->get_saved_variables();
+    at::Tensor gx, gw;
+    if (ctx->needs_input_grad(0)) {
+      std::this_thread::sleep_for(std::chrono::duration<double>(half));
+      gx = g[0] * saved[1];
+    }
+    if (ctx->needs_input_grad(1)) {
+      std::this_thread::sleep_for(std::chrono::duration<double>(half));
+      gw = g[0] * saved[0];
+    }
+    return {gx, gw, at::Tensor(), at::Tensor()};
   }
 };
 
@@ -183,7 +200,7 @@ struct SleepStack : torch::nn::Module, PipelinePlanned {
       const double f = fwd_, b = bwd_;
       l.run = [p, i, last, f, b](const TensorMap& in, TensorMap& carry) {
         at::Tensor h = i == 0 ? in.at("x") : carry.at("h");
-        h = Sleep::apply(h * p, f, b);
+        h = Sleep::apply(h, p, f, b);
         if (last) {
           carry.clear();
           carry["loss"] = h.sum();
@@ -199,9 +216,17 @@ struct SleepStack : torch::nn::Module, PipelinePlanned {
   double fwd_, bwd_;
 };
 
+// The idle fraction theory gives: (P - 1) / (V M + P - 1) for 1F1B, GPipe and interleaving; for
+// ZB-H1 the replay of its lists with this stage's forward and backward times (its paper's bubble,
+// (P - 1)(F + B - W), needs the W passes' share).
+double bubble(const std::string& schedule, int64_t P, int64_t V, double fwd, double bwd) {
+  if (schedule != "zbh1") return theoretical_bubble(P, V, kMicro);
+  return simulate_schedule("zbh1", P, 1, kMicro, fwd, bwd).idle_fraction.front();
+}
+
 void print_row(const char* what, const std::string& schedule, int64_t P, int64_t V, const std::vector<json>& ranks,
                double one_process_s) {
-  const double theory = theoretical_bubble(P, V, kMicro);
+  const double theory = bubble(schedule, P, V, 1.0, 2.0);
   std::printf("  %-12s P %ld V %ld  theory %.3f | idle per stage:", schedule.c_str(), static_cast<long>(P),
               static_cast<long>(V), theory);
   for (const auto& r : ranks) std::printf(" %.3f", r["idle"].get<double>());
@@ -244,7 +269,7 @@ int main(int argc, char** argv) {
   std::printf("A. GPT-2 (n_embd 256, 8 layers, vocab 512), %ld x %ld tokens per micro-batch; one process %.1f ms per step\n",
               static_cast<long>(kBatch), static_cast<long>(kSeq), 1e3 * one_s);
   int64_t act_bytes_1f1b = 0, act_bytes_gpipe = 0;
-  for (auto [schedule, V] : {std::pair<std::string, int64_t>{"1f1b", 1}, {"1f1b", 2}, {"gpipe", 1}}) {
+  for (auto [schedule, V] : {std::pair<std::string, int64_t>{"1f1b", 1}, {"1f1b", 2}, {"gpipe", 1}, {"zbh1", 1}}) {
     const int port = free_port();
     auto ranks = run_forked(2, [&](int rank) {
       return run_stage(rank, 2, port, schedule, V, steps, gpt2, "type:Gpt2Block", tokens);
@@ -252,6 +277,10 @@ int main(int argc, char** argv) {
     if (V == 1) std::printf("  stages: %s | %s\n", ranks[0]["describe"].get<std::string>().c_str(),
                             ranks[1]["describe"].get<std::string>().c_str());
     print_row("A", V > 1 ? "interleaved" : schedule, 2, V, ranks, one_s);
+    if (schedule == "zbh1")
+      std::printf("    W passes %.1f ms of %.1f ms compute on stage 1; split backwards per step %ld\n",
+                  1e3 * ranks[1]["weight_s"].get<double>(), 1e3 * ranks[1]["compute_s"].get<double>(),
+                  static_cast<long>(ranks[1]["split"].get<int64_t>()));
     if (V == 1) (schedule == "1f1b" ? act_bytes_1f1b : act_bytes_gpipe) = ranks[0]["peak_bytes"].get<int64_t>();
   }
   std::printf("  stage 0 peak activations at M = %ld, P = 2: 1F1B %.1f MB, GPipe %.1f MB (%.2fx; theory %ld / %ld "
@@ -277,12 +306,12 @@ int main(int argc, char** argv) {
               1e3 * fwd, 1e3 * bwd);
   auto sleepy = [&] { return std::make_shared<SleepStack>(8, fwd / 2, bwd / 2); };
   auto x = [](int64_t) { return std::map<std::string, at::Tensor>{{"x", torch::ones({64})}}; };
-  for (auto [schedule, V] : {std::pair<std::string, int64_t>{"1f1b", 1}, {"1f1b", 2}, {"gpipe", 1}}) {
+  for (auto [schedule, V] : {std::pair<std::string, int64_t>{"1f1b", 1}, {"1f1b", 2}, {"gpipe", 1}, {"zbh1", 1}}) {
     const int port = free_port();
     auto ranks = run_forked(4, [&](int rank) { return run_stage(rank, 4, port, schedule, V, steps, sleepy, "uniform", x); });
-    const double ideal = static_cast<double>(kMicro) * (fwd + bwd) / (1.0 - theoretical_bubble(4, V, kMicro));
+    const double ideal = static_cast<double>(kMicro) * (fwd + bwd) / (1.0 - bubble(schedule, 4, V, fwd, bwd));
     print_row("B", V > 1 ? "interleaved" : schedule, 4, V, ranks, 0);
-    std::printf("    step %.1f ms against the schedule's own %.1f ms (theory's step at these layer times)\n",
+    std::printf("    step %.1f ms against the schedule's own %.1f ms (the replay's step at these layer times)\n",
                 1e3 * ranks[0]["step_s"].get<double>(), 1e3 * ideal);
   }
 

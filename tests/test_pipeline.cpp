@@ -55,17 +55,20 @@ std::string input_error(const std::function<void()>& fn) {
 // ---- schedules -------------------------------------------------------------------------------
 
 TEST(PipeSchedule, EveryStageRunsEachMicroBatchOnceForwardFirstAndNoListDeadlocks) {
-  for (const std::string kind : {"1f1b", "gpipe"})
+  for (const std::string kind : {"1f1b", "gpipe", "zbh1"})
     for (int64_t P = 2; P <= 4; ++P)
       for (int64_t V = 1; V <= (kind == "1f1b" ? 3 : 1); ++V)
         for (int64_t M = 1; M <= 9; ++M) {
           if (!pipeline_schedule_error(kind, P, V, M).empty()) continue;
           const std::string what = kind + " P " + std::to_string(P) + " V " + std::to_string(V) + " M " + std::to_string(M);
           for (int64_t s = 0; s < P; ++s) {
-            std::set<std::pair<int64_t, int64_t>> forwards, backwards;
+            std::set<std::pair<int64_t, int64_t>> forwards, backwards, weights;
             for (const PipeAction& a : pipeline_schedule(kind, P, V, M, s)) {
               const auto key = std::make_pair(a.micro, a.chunk);
-              if (a.forward) {
+              if (a.weight) {
+                EXPECT_TRUE(backwards.count(key)) << what << ": W before B";
+                EXPECT_TRUE(weights.insert(key).second) << what;
+              } else if (a.forward) {
                 EXPECT_TRUE(forwards.insert(key).second) << what;
               } else {
                 EXPECT_TRUE(forwards.count(key)) << what << ": backward before forward";
@@ -74,6 +77,7 @@ TEST(PipeSchedule, EveryStageRunsEachMicroBatchOnceForwardFirstAndNoListDeadlock
             }
             EXPECT_EQ(forwards.size(), static_cast<size_t>(M * V)) << what;
             EXPECT_EQ(backwards.size(), static_cast<size_t>(M * V)) << what;
+            EXPECT_EQ(weights.size(), kind == "zbh1" ? static_cast<size_t>(M) : 0u) << what;
           }
           const ScheduleReplay r = simulate_schedule(kind, P, V, M);
           EXPECT_FALSE(r.deadlock) << what;
@@ -97,6 +101,9 @@ TEST(PipeSchedule, BubbleMatchesTheoryAndInterleavingShrinksIt) {
       const ScheduleReplay two = simulate_schedule("1f1b", P, 2, M, 0.5, 1.0);  // each chunk half a stage
       EXPECT_LT(two.idle_fraction.front(), one.idle_fraction.front()) << "P " << P << " M " << M;
       EXPECT_NEAR(two.idle_fraction.front(), theoretical_bubble(P, 2, M), 1e-12) << "P " << P << " M " << M;
+      // ZB-H1 (B and W half a backward each) fills the cool-down: less idle than 1F1B everywhere.
+      const ScheduleReplay zb = simulate_schedule("zbh1", P, 1, M, 1.0, 2.0);
+      for (int64_t s = 0; s < P; ++s) EXPECT_LT(zb.idle_fraction[s], one.idle_fraction[s]) << "P " << P << " M " << M;
     }
 }
 
@@ -162,6 +169,12 @@ TEST(PipeConfig, OneLineErrorsNameTheKeyAndNumbers) {
   EXPECT_NE(err(method, 1).find("must be 'parameters', 'uniform' or 'type:REGEX'"), std::string::npos);
   json gpipe = {{"train_batch_size", 8}, {"pipeline", {{"schedule", "gpipe"}, {"virtual_stages", 2}}}};
   EXPECT_NE(err(gpipe, 1).find("has no interleaved form"), std::string::npos);
+  json zb2 = {{"train_batch_size", 8},
+              {"zero_optimization", {{"stage", 2}}},
+              {"trainer", {{"env_type", "deepspeed"}, {"pipeline_parallel_size", 2}}},
+              {"pipeline", {{"schedule", "zbh1"}}}};
+  EXPECT_NE(input_error([&] { resolve_parallel_dims(config_from_json(zb2, "z.json", 2), 2); }).find("use stage 0 or 1"),
+            std::string::npos);
   json interval = {{"train_batch_size", 8}, {"pipeline", {{"activation_checkpoint_interval", 2}}}};
   EXPECT_NE(err(interval, 1).find("only 0 (off) and 1"), std::string::npos);
   json zero3 = {{"train_batch_size", 8},
@@ -230,7 +243,7 @@ int sweep_rank(int rank, int P, int port) {
   auto comm = make_gloo_communicator(rank, P, "127.0.0.1", port, std::chrono::seconds(20));
   int failures = 0;
   const int64_t layers = 2 * P;
-  for (const std::string kind : {"1f1b", "gpipe"})
+  for (const std::string kind : {"1f1b", "gpipe", "zbh1"})
     for (int64_t V : {1, 2})
       for (int64_t M = 1; M <= 9; ++M) {
         if (!pipeline_schedule_error(kind, P, V, M).empty()) continue;
@@ -251,6 +264,12 @@ int sweep_rank(int rank, int P, int port) {
         SweepRunner runner;
         runner.micro_batches = M;
         stage.run(runner, M, 2, [](const at::Tensor& loss, const MicroStep&) { loss.backward(); });
+        // ZB-H1 really splits: past the first stage every micro-batch's B and W ran apart.
+        if (kind == "zbh1" && rank > 0 && stage.stats().split_backwards != M) {
+          std::fprintf(stderr, "rank %d zbh1 P %d M %ld: %ld split backwards\n", rank, P, static_cast<long>(M),
+                       static_cast<long>(stage.stats().split_backwards));
+          ++failures;
+        }
         // The mirror's gradient was added through one more backward: the primary holds the sum.
         const auto refp = ref->named_parameters();
         for (const auto& p : model->named_parameters()) {
@@ -295,8 +314,9 @@ class PipeContract : public ::testing::TestWithParam<std::string> {};
 // PP 2 and PP 4 of a 4-layer model over 4 micro-batches per step (1F1B), each stage's parameters
 // trained where they live, the tied embeddings summed between the first and last stage.
 TEST_P(PipeContract, Pp2AndPp4ReproduceOneProcessOver30Steps) {
-  TpRun two = pp_run(2, 2), four = pp_run(4, 4);
-  for (TpRun* r : {&two, &four}) {
+  TpRun two = pp_run(2, 2), four = pp_run(4, 4), zb = pp_run(2, 2);
+  zb.schedule = "zbh1";
+  for (TpRun* r : {&two, &four, &zb}) {
     r->layers = 4;
     r->accumulation = 4;
   }
@@ -309,6 +329,8 @@ TEST_P(PipeContract, Pp2AndPp4ReproduceOneProcessOver30Steps) {
   train(GetParam(), tmp.path / "pp4", four);
   expect_same_run(tmp.path / "one", tmp.path / "pp2", 1e-5, GetParam() + " pp2");
   expect_same_run(tmp.path / "one", tmp.path / "pp4", 1e-5, GetParam() + " pp4");
+  train(GetParam(), tmp.path / "zb", zb);
+  expect_same_run(tmp.path / "one", tmp.path / "zb", 1e-5, GetParam() + " pp2 zbh1");
 }
 
 // PP 2 composed with each data-parallel strategy and with TP: PP 2 x DP 2 (replicated), PP 2 x TP 2
@@ -327,8 +349,9 @@ INSTANTIATE_TEST_SUITE_P(Families, PipeContract, ::testing::Values("gpt2", "bert
 // ALBERT's one shared layer group runs on every stage: trained on stage 0, mirrored on the others,
 // its gradient summed there from every stage (with the SOP head on the last stage).
 TEST(PipeAlbert, TheSharedLayerAcrossPp2AndPp4FollowsOneProcess) {
-  TpRun two = pp_run(2, 2), four = pp_run(4, 4);
-  for (TpRun* r : {&two, &four}) {
+  TpRun two = pp_run(2, 2), four = pp_run(4, 4), zb = pp_run(2, 2);
+  zb.schedule = "zbh1";  // the shared layer applied twice per stage: each backward stays whole in B
+  for (TpRun* r : {&two, &four, &zb}) {
     r->layers = 4;
     r->accumulation = 4;
   }
@@ -339,12 +362,14 @@ TEST(PipeAlbert, TheSharedLayerAcrossPp2AndPp4FollowsOneProcess) {
   train("albert", tmp.path / "one", one);
   train("albert", tmp.path / "pp2", two);
   train("albert", tmp.path / "pp4", four);
+  train("albert", tmp.path / "zb", zb);
   expect_same_run(tmp.path / "one", tmp.path / "pp2", 1e-5, "albert pp2");
+  expect_same_run(tmp.path / "one", tmp.path / "zb", 1e-5, "albert pp2 zbh1");
   expect_same_run(tmp.path / "one", tmp.path / "pp4", 1e-5, "albert pp4");
 }
 
 // The other schedules and the partition methods give the same training (GPT-2, PP 2, 4 layers):
-// GPipe, interleaved 1F1B with 2 chunks per stage, activation checkpointing per stage.
+// GPipe, interleaved 1F1B with 2 chunks per stage, activation checkpointing per stage, ZB-H1.
 TEST(PipeSchedules, GpipeInterleavedAndCheckpointedFollowOneProcess) {
   TpRun gpipe = pp_run(2, 2);
   gpipe.schedule = "gpipe";
@@ -353,11 +378,18 @@ TEST(PipeSchedules, GpipeInterleavedAndCheckpointedFollowOneProcess) {
   TpRun ckpt = pp_run(2, 2);
   ckpt.checkpoint_interval = 1;
   ckpt.partition = "type:Gpt2Block";
-  for (TpRun* r : {&gpipe, &inter, &ckpt}) {
+  TpRun zb = pp_run(4, 4);  // ZB-H1 at PP 4, and at PP 2 x DP 2 under ZeRO-1
+  zb.schedule = "zbh1";
+  TpRun zb_zero = pp_run(4, 2, "deepspeed");
+  zb_zero.schedule = "zbh1";
+  zb_zero.zero = 1;
+  for (TpRun* r : {&gpipe, &inter, &ckpt, &zb, &zb_zero}) {
     r->layers = 4;
     r->accumulation = 4;
   }
-  expect_runs_follow_one_process("gpt2", "pp_schedules", {{"gpipe", gpipe}, {"interleaved V 2", inter}, {"checkpointed", ckpt}});
+  expect_runs_follow_one_process("gpt2", "pp_schedules",
+                                 {{"gpipe", gpipe}, {"interleaved V 2", inter}, {"checkpointed", ckpt}, {"zbh1 pp4", zb},
+                                  {"zbh1 pp2 x dp2 ZeRO-1", zb_zero}});
 }
 
 // A checkpoint saved at step 15 by PP 2 resumes at PP 1 and at PP 4 (ZeRO-2) on the uninterrupted curve.

@@ -167,7 +167,7 @@ void add_parallel_flags(CLI::App& app, ConfigFlags& flags) {
                      "pipeline stages (world = model_parallel_size x pipeline_parallel_size x data-parallel size)")
       ->default_str(shown(d.pipeline_parallel_size))->group(kParallelGroup);
   add_value<std::string>(app, flags, "--pipeline_schedule", {"pipeline", "schedule"},
-                         "1f1b (interleaved with --virtual_stages > 1) or gpipe (pipeline.schedule)")
+                         "1f1b (interleaved with --virtual_stages > 1), gpipe or zbh1 (zero bubble; pipeline.schedule)")
       ->default_str("1f1b")->group(kParallelGroup);
   add_value<int64_t>(app, flags, "--virtual_stages", {"pipeline", "virtual_stages"},
                      "model chunks per pipeline stage: above 1, Megatron's interleaved 1F1B (pipeline.virtual_stages)")

@@ -428,7 +428,7 @@ void parse_pipeline(const json* j, ParseContext& ctx, PipelineConfig& p) {
   }
   r.ignore(kPipelineIgnored);
   r.finish();
-  r.one_of("schedule", p.schedule, {"1f1b", "gpipe"});
+  r.one_of("schedule", p.schedule, {"1f1b", "gpipe", "zbh1"});
   r.above("virtual_stages", p.virtual_stages, int64_t{0});
   r.at_least("activation_checkpoint_interval", p.activation_checkpoint_interval, int64_t{0});
   if (p.activation_checkpoint_interval > 1)

@@ -210,7 +210,7 @@ struct PipelineConfig {
   std::string partition = "parameters";
   int64_t activation_checkpoint_interval = 0;  ///< 0: off; k: every k layers of a stage recomputed in backward
   int64_t virtual_stages = 1;                  ///< model chunks per stage (> 1: interleaved 1F1B)
-  std::string schedule = "1f1b";               ///< 1f1b (PipeDream-flush; interleaved when virtual_stages > 1), gpipe
+  std::string schedule = "1f1b";  ///< 1f1b (PipeDream-flush; interleaved when virtual_stages > 1), gpipe, zbh1 (zero bubble)
 };
 
 /// `tensorboard` / `csv_monitor` blocks.

@@ -107,6 +107,9 @@ ParallelDims resolve_parallel_dims(const Config& cfg, int64_t world) {
   PT_INPUT_CHECK(d.pp == 1 || d.zero_stage < 3, "zero_optimization.stage 3 partitions the parameters of every layer; "
                  "with trainer.pipeline_parallel_size ", d.pp, " use stage 0, 1 or 2 (each stage's parameters are "
                  "already its own)");
+  PT_INPUT_CHECK(d.pp == 1 || cfg.pipeline.schedule != "zbh1" || d.zero_stage < 2 || d.strategy != DpStrategy::kZero,
+                 "pipeline.schedule zbh1 splits each backward in two and runs the weight half itself; "
+                 "zero_optimization.stage ", d.zero_stage, " reduces gradients from the strategy's own backward: use stage 0 or 1");
   PT_INPUT_CHECK(d.pp > 1 || d.virtual_stages == 1, "pipeline.virtual_stages (", d.virtual_stages,
                  ") needs trainer.pipeline_parallel_size > 1");
   d.dp = world / (d.tp * d.pp);

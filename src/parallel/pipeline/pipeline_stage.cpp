@@ -6,8 +6,15 @@
 #include <algorithm>
 #include <chrono>
 #include <regex>
+#include <unordered_map>
+#include <unordered_set>
 
 #include <torch/autograd.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/nn/module.h>
 
 #include "polytrain/checkpoint/checkpoint.h"
@@ -51,6 +58,156 @@ int64_t heap_in_use() {
   return static_cast<int64_t>(m.uordblks + m.hblkhd);
 }
 
+// ZB-H1's split of one micro-batch's backward (Qi et al. 2024). B computes the gradients of the
+// chunk's inputs only: given the received leaves as outputs, the autograd engine skips every
+// product that only leads to a parameter. Before it, the graph is walked once: a node whose
+// inputs lead both to the received activations and to parameters (a matmul with its weight, a
+// LayerNorm, a bias add) gets a pre-hook that keeps the gradients B hands it. W then starts the
+// engine at those nodes with those gradients and asks for the parameters' gradients only, so
+// nothing of B is computed twice; the graph is kept between the two.
+class SplitBackward {
+ public:
+  std::vector<at::Tensor> inputs(const std::vector<at::Tensor>& roots, const std::vector<at::Tensor>& grads,
+                                 const std::vector<at::Tensor>& leaves) {
+    using torch::autograd::impl::gradient_edge;
+    for (size_t i = 0; i < roots.size(); ++i) {
+      roots_.push_back(gradient_edge(roots[i]));
+      grads_.push_back(grads[i]);
+    }
+    if (leaves.empty()) return {};  // the first chunk: all of it is W
+    torch::autograd::edge_list outputs;
+    std::unordered_set<const Node*> received;
+    for (const auto& t : leaves) {
+      outputs.push_back(gradient_edge(t));
+      received.insert(outputs.back().function.get());
+    }
+    auto& engine = torch::autograd::Engine::get_default_engine();
+    if (!mark(received)) {
+      // A parameter used twice in this chunk (a shared layer applied twice, an embedding tied to a
+      // head on the same stage): a W run from its upper use would redo the lower one. This
+      // micro-batch's backward stays whole, in B.
+      engine.execute(roots_, grads_, false, false, /*accumulate_grad=*/true);
+      roots_.clear(), grads_.clear(), hooked_.clear();
+      std::vector<at::Tensor> out;
+      for (const auto& t : leaves) out.push_back(t.grad());
+      return out;
+    }
+    split_ = true;
+    return engine.execute(roots_, grads_, /*keep_graph=*/true, /*create_graph=*/false, /*accumulate_grad=*/false,
+                          outputs);
+  }
+  /// Whether B ran as the input gradients only (false: the whole backward runs in W or ran in B).
+  bool split() const { return split_; }
+  void weights() {
+    auto& engine = torch::autograd::Engine::get_default_engine();
+    if (!split_) {  // a plain backward into the parameters
+      if (!roots_.empty()) engine.execute(roots_, grads_, false, false, /*accumulate_grad=*/true);
+    } else {
+      // One engine run per node, asking only for its own parameters: the activation edge it also
+      // has leads to other parameters, which another run's output list would make the engine
+      // recompute the whole chain below for.
+      for (auto& h : hooked_) {
+        if (h.params.empty()) continue;
+        PT_CHECK(h.grads->size() == h.node->num_inputs(), "ZB-H1: node ", h.node->name(), " was not reached by B");
+        torch::autograd::edge_list roots;
+        for (uint32_t k = 0; k < h.node->num_inputs(); ++k) roots.emplace_back(h.node, k);
+        engine.execute(roots, *h.grads, /*keep_graph=*/true, false, /*accumulate_grad=*/true, h.params);
+      }
+    }
+    roots_.clear(), grads_.clear(), hooked_.clear();
+  }
+
+ private:
+  using Node = torch::autograd::Node;
+  struct Keep : torch::autograd::FunctionPreHook {
+    explicit Keep(std::shared_ptr<torch::autograd::variable_list> into) : into_(std::move(into)) {}
+    torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
+      *into_ = grads;
+      return grads;
+    }
+    std::shared_ptr<torch::autograd::variable_list> into_;
+  };
+  // Post-order walk from the roots: a node is "parameters only" when every edge it has leads to
+  // a parameter's accumulator (not a received activation's) or to more of the same; a node that
+  // is not, with an edge into such a part, is where W starts. False when some parameter is
+  // reached from two such nodes (used twice).
+  bool mark(const std::unordered_set<const Node*>& received) {
+    std::unordered_map<const Node*, int> state;  // 1: visiting, 2: parameters only, 3: reaches an input
+    std::vector<std::pair<std::shared_ptr<Node>, size_t>> stack;
+    for (const auto& e : roots_)
+      if (e.function) stack.emplace_back(e.function, 0);
+    while (!stack.empty()) {
+      auto& [node, next] = stack.back();
+      const Node* raw = node.get();
+      if (next == 0) {
+        if (state.count(raw) && state[raw] != 1) {
+          stack.pop_back();
+          continue;
+        }
+        state[raw] = 1;
+        if (raw->next_edges().empty() || dynamic_cast<const torch::autograd::AccumulateGrad*>(raw)) {
+          const bool param = !received.count(raw);
+          state[raw] = param ? 2 : 3;
+          stack.pop_back();
+          continue;
+        }
+      }
+      if (next < raw->next_edges().size()) {
+        const auto& e = raw->next_edges()[next++];
+        if (e.function && !state.count(e.function.get())) stack.emplace_back(e.function, 0);
+        continue;
+      }
+      bool only_params = true, some_params = false;
+      for (const auto& e : raw->next_edges()) {
+        if (!e.function) continue;
+        const int st = state[e.function.get()];
+        only_params = only_params && st == 2;
+        some_params = some_params || st == 2;
+      }
+      state[raw] = only_params ? 2 : 3;
+      if (!only_params && some_params) {
+        auto into = std::make_shared<torch::autograd::variable_list>();
+        node->add_pre_hook(std::make_unique<Keep>(into));
+        hooked_.push_back(Hooked{node, into, {}});
+      }
+      stack.pop_back();
+    }
+    // Each hooked node's parameters: the accumulators its parameters-only edges lead to.
+    for (auto& h : hooked_) {
+      std::unordered_set<const Node*> seen;
+      std::vector<std::shared_ptr<Node>> frontier;
+      for (const auto& e : h.node->next_edges())
+        if (e.function && state[e.function.get()] == 2) frontier.push_back(e.function);
+      while (!frontier.empty()) {
+        std::shared_ptr<Node> n = frontier.back();
+        frontier.pop_back();
+        if (!seen.insert(n.get()).second) continue;
+        if (dynamic_cast<const torch::autograd::AccumulateGrad*>(n.get())) {
+          h.params.emplace_back(n, 0);
+          continue;
+        }
+        for (const auto& e : n->next_edges())
+          if (e.function) frontier.push_back(e.function);
+      }
+    }
+    std::unordered_set<const Node*> reached;
+    for (const auto& h : hooked_)
+      for (const auto& e : h.params)
+        if (!reached.insert(e.function.get()).second) return false;
+    return true;
+  }
+
+  torch::autograd::edge_list roots_;
+  torch::autograd::variable_list grads_;
+  struct Hooked {
+    std::shared_ptr<Node> node;
+    std::shared_ptr<torch::autograd::variable_list> grads;  ///< what B handed the node
+    torch::autograd::edge_list params;                      ///< the accumulators its weight edges lead to
+  };
+  std::vector<Hooked> hooked_;
+  bool split_ = false;
+};
+
 }  // namespace
 
 PipelineStage::PipelineStage(Communicator& pp_group, const PipelineConfig& cfg, int64_t micro_batches,
@@ -59,6 +216,7 @@ PipelineStage::PipelineStage(Communicator& pp_group, const PipelineConfig& cfg, 
       virtual_(cfg.virtual_stages) {
   const std::string e = pipeline_schedule_error(cfg.schedule, stages_, virtual_, micro_batches);
   PT_INPUT_CHECK(e.empty(), e);
+  zero_bubble_ = cfg.schedule == "zbh1";
 }
 
 PipelineStage::~PipelineStage() = default;
@@ -258,6 +416,7 @@ void PipelineStage::run(MicroBatchRunner& runner, int64_t M, int64_t micro_size,
     TensorMap received;                 // this chunk's inputs from the previous stage (leaves)
     std::vector<at::Tensor> outputs;    // what went on, that needs a gradient back (name order)
     at::Tensor loss;                    // the last chunk's weighted loss
+    SplitBackward split;                // ZB-H1: its B and W passes
   };
   std::map<std::pair<int64_t, int64_t>, Flight> flights;
   std::vector<std::unique_ptr<CommWork>> sends;
@@ -291,39 +450,59 @@ void PipelineStage::run(MicroBatchRunner& runner, int64_t M, int64_t micro_size,
       stats_.peak_activation_bytes = std::max(stats_.peak_activation_bytes, heap_in_use() - heap0);
       continue;
     }
-    at::Tensor root;
+    if (a.weight) {  // ZB-H1's W: the weight gradients of a micro-batch whose B ran earlier
+      const auto t0 = Clock::now();
+      if (f.split.split()) ++stats_.split_backwards;
+      f.split.weights();
+      stats_.compute_s += seconds_since(t0);
+      stats_.weight_s += seconds_since(t0);
+      flights.erase({a.micro, a.chunk});
+      --in_flight;
+      continue;
+    }
+    // The roots of this chunk's backward: the loss, or the outputs with the next chunk's gradients.
+    std::vector<at::Tensor> roots, root_grads;
     if (g == G - 1) {
-      root = f.loss;
+      roots.push_back(f.loss);
+      root_grads.push_back(at::ones_like(f.loss));
     } else {
-      const int tag = kBackwardTag;
       const auto t0 = Clock::now();
       std::vector<std::unique_ptr<CommWork>> works;
-      std::vector<at::Tensor> grads;
       for (size_t i = 0; i < f.outputs.size(); ++i) {
-        grads.push_back(at::empty_like(f.outputs[i], at::MemoryFormat::Contiguous));
-        works.push_back(comm_.recv_async(grads.back(), stage_of_chunk(g + 1), tag + 2 + static_cast<int>(i)));
+        root_grads.push_back(at::empty_like(f.outputs[i], at::MemoryFormat::Contiguous));
+        works.push_back(comm_.recv_async(root_grads.back(), stage_of_chunk(g + 1), kBackwardTag + 2 + static_cast<int>(i)));
       }
       for (auto& w : works) w->wait();
       stats_.wait_s += seconds_since(t0);
+      roots = f.outputs;
+    }
+    std::vector<at::Tensor> leaves;
+    for (auto& [name, t] : f.received)
+      if (t.requires_grad()) leaves.push_back(t);
+    const auto t0 = Clock::now();
+    std::vector<at::Tensor> input_grads;
+    if (zero_bubble_) {
+      // B: the input gradients only (the engine skips what leads to parameters); W runs later.
+      input_grads = f.split.inputs(roots, root_grads, leaves);
+    } else {
       // sum(out x grad) has gradient grad at out, exactly: one scalar for the strategy's backward.
-      for (size_t i = 0; i < f.outputs.size(); ++i) {
-        at::Tensor term = (f.outputs[i] * grads[i]).sum();
+      at::Tensor root;
+      for (size_t i = 0; i < roots.size(); ++i) {
+        at::Tensor term = g == G - 1 ? roots[i] : (roots[i] * root_grads[i]).sum();
         root = root.defined() ? root + term : term;
       }
+      if (root.defined()) backward(root, MicroStep{micro_size, false});
+      for (auto& t : leaves) input_grads.push_back(t.grad());
     }
-    const auto t0 = Clock::now();
-    if (root.defined()) backward(root, MicroStep{micro_size, false});
     stats_.compute_s += seconds_since(t0);
     if (g > 0) {
-      std::vector<at::Tensor> grads;
-      for (auto& [name, t] : f.received)
-        if (t.requires_grad()) grads.push_back(t.grad().defined() ? t.grad().contiguous() : at::zeros_like(t));
-      const int tag = kBackwardTag;
-      for (size_t i = 0; i < grads.size(); ++i) {
-        keep.push_back(grads[i]);
-        sends.push_back(comm_.send_async(grads[i], stage_of_chunk(g - 1), tag + 2 + static_cast<int>(i)));
+      for (size_t i = 0; i < input_grads.size(); ++i) {
+        at::Tensor grad = input_grads[i].defined() ? input_grads[i].contiguous() : at::zeros_like(leaves[i]);
+        keep.push_back(grad);
+        sends.push_back(comm_.send_async(grad, stage_of_chunk(g - 1), kBackwardTag + 2 + static_cast<int>(i)));
       }
     }
+    if (zero_bubble_) continue;  // the flight lives until its W
     flights.erase({a.micro, a.chunk});
     --in_flight;
   }

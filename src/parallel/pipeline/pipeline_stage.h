@@ -42,7 +42,9 @@ struct PipelineStepStats {
   double compute_s = 0;      ///< forwards and backwards
   double wait_s = 0;         ///< blocked on a receive
   int64_t peak_in_flight = 0;          ///< most chunk forwards awaiting their backward
-  int64_t peak_activation_bytes = 0;   ///< heap in use above the step's start, at its peak (glibc mallinfo2)
+  int64_t peak_activation_bytes = 0;   ///< heap in use above the step's start, at its peak (tcmalloc's or glibc's count)
+  double weight_s = 0;                 ///< ZB-H1: in W passes (part of compute_s)
+  int64_t split_backwards = 0;         ///< ZB-H1: micro-batches whose backward ran as separate B and W passes
 };
 
 class PipelineStage {
@@ -113,6 +115,7 @@ class PipelineStage {
   PipelineConfig cfg_;
   c10::Device device_;
   int64_t stage_ = 0, stages_ = 1, virtual_ = 1;
+  bool zero_bubble_ = false;  ///< ZB-H1: backwards split into B and W (the strategy's backward is not used)
   PipelinePlan plan_;
   std::vector<Chunk> chunks_;  ///< this stage's, by local index
   std::vector<std::string> order_;  ///< module_state names, the model's order

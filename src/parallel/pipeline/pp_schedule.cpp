@@ -12,7 +12,8 @@ namespace polytrain {
 using detail::cat;
 
 std::string pipeline_schedule_error(const std::string& kind, int64_t stages, int64_t virtual_stages, int64_t micro_batches) {
-  if (kind != "1f1b" && kind != "gpipe") return cat("pipeline.schedule must be 1f1b or gpipe, got '", kind, "'");
+  if (kind != "1f1b" && kind != "gpipe" && kind != "zbh1")
+    return cat("pipeline.schedule must be 1f1b, gpipe or zbh1, got '", kind, "'");
   if (stages < 1 || virtual_stages < 1 || micro_batches < 1)
     return cat("a pipeline needs >= 1 stage, virtual stage and micro-batch, got ", stages, ", ", virtual_stages, ", ",
                micro_batches);
@@ -29,13 +30,61 @@ std::string pipeline_schedule_error(const std::string& kind, int64_t stages, int
   return "";
 }
 
+namespace {
+
+// ZB-H1's lists: 1F1B's order of forwards and B passes on every stage, and each stage's W passes
+// placed by a replay in unit time (F, B and W one unit each, about a transformer's proportions):
+// a stage runs a pending W when its next F or B would wait, or when more than P - s - 1 are
+// pending (1F1B's activation bound), and the rest at the end. The F/B order is 1F1B's, so the
+// messages keep their order; a W sends nothing, so where it goes cannot deadlock.
+std::vector<std::vector<PipeAction>> zbh1_lists(int64_t P, int64_t M) {
+  std::vector<std::vector<PipeAction>> base(P), out(P);
+  for (int64_t s = 0; s < P; ++s) base[s] = pipeline_schedule("1f1b", P, 1, M, s);
+  std::map<std::tuple<bool, int64_t, int64_t>, int64_t> done;  // (forward, micro, stage) -> end tick
+  std::vector<size_t> next(P, 0);
+  std::vector<std::vector<int64_t>> pending(P);
+  for (int64_t t = 0;; ++t) {
+    bool left = false;
+    std::vector<std::tuple<bool, int64_t, int64_t>> finished;
+    for (int64_t s = 0; s < P; ++s) {
+      const bool more = next[s] < base[s].size();
+      if (!more && pending[s].empty()) continue;
+      left = true;
+      bool ready = false;
+      if (more) {
+        const PipeAction& a = base[s][next[s]];
+        auto dep = a.forward ? std::make_tuple(true, a.micro, s - 1)
+                             : s == P - 1 ? std::make_tuple(true, a.micro, s) : std::make_tuple(false, a.micro, s + 1);
+        auto it = done.find(dep);
+        ready = (a.forward && s == 0) || (it != done.end() && it->second <= t);
+      }
+      const bool over = static_cast<int64_t>(pending[s].size()) > P - s - 1;
+      if (!pending[s].empty() && (over || !ready)) {
+        out[s].push_back(PipeAction{false, true, pending[s].front(), 0});
+        pending[s].erase(pending[s].begin());
+      } else if (ready) {
+        const PipeAction& a = base[s][next[s]++];
+        out[s].push_back(a);
+        finished.emplace_back(a.forward, a.micro, s);
+        if (!a.forward) pending[s].push_back(a.micro);
+      }
+    }
+    for (const auto& f : finished) done[f] = t + 1;
+    if (!left) break;
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<PipeAction> pipeline_schedule(const std::string& kind, int64_t P, int64_t V, int64_t M, int64_t s) {
   const std::string e = pipeline_schedule_error(kind, P, V, M);
   PT_INPUT_CHECK(e.empty(), e);
   PT_CHECK(s >= 0 && s < P, "stage ", s, " outside ", P, " stages");
   std::vector<PipeAction> out;
-  auto F = [&](int64_t m, int64_t v) { out.push_back(PipeAction{true, m, v}); };
-  auto B = [&](int64_t m, int64_t v) { out.push_back(PipeAction{false, m, v}); };
+  auto F = [&](int64_t m, int64_t v) { out.push_back(PipeAction{true, false, m, v}); };
+  auto B = [&](int64_t m, int64_t v) { out.push_back(PipeAction{false, false, m, v}); };
+  if (kind == "zbh1") return zbh1_lists(P, M).at(static_cast<size_t>(s));
   if (kind == "gpipe") {
     for (int64_t m = 0; m < M; ++m) F(m, 0);
     for (int64_t m = 0; m < M; ++m) B(m, 0);
@@ -86,7 +135,8 @@ ScheduleReplay simulate_schedule(const std::string& kind, int64_t P, int64_t V, 
         const PipeAction& a = lists[s][next[s]];
         const int64_t g = a.chunk * P + s;
         double ready = 0.0;
-        if (a.forward && g > 0) {
+        if (a.weight) {  // after its own B, earlier in this stage's list
+        } else if (a.forward && g > 0) {
           auto it = done.find({true, a.micro, g - 1});
           if (it == done.end()) break;
           ready = it->second;
@@ -95,12 +145,14 @@ ScheduleReplay simulate_schedule(const std::string& kind, int64_t P, int64_t V, 
           if (it == done.end()) break;
           ready = it->second;
         }
-        const double cost = a.forward ? fc : bc;
+        const bool split = kind == "zbh1";
+        const double cost = a.forward ? fc : split ? bc / 2 : bc;
         const double end = std::max(ready, free_at[s]) + cost;
         free_at[s] = end;
         busy[s] += cost;
-        done[{a.forward, a.micro, g}] = end;
-        in_flight[s] += a.forward ? 1 : -1;
+        if (!a.weight) done[{a.forward, a.micro, g}] = end;
+        if (a.forward) ++in_flight[s];
+        else if (a.weight || !split) --in_flight[s];
         r.peak_in_flight[s] = std::max(r.peak_in_flight[s], in_flight[s]);
         ++next[s];
         progress = true;
