@@ -261,6 +261,15 @@ int sweep_rank(int rank, int P, int port) {
         pc.partition = "uniform";
         PipelineStage stage(*comm, pc, M, c10::Device(c10::kCPU));
         stage.apply(*model);
+        if (kind == "1f1b" && V == 1 && M == 1) {  // the run's layout line: two layers per stage
+          std::string want = "pipeline: 1f1b, 1 micro-batches per step, partition uniform";
+          for (int s = 0; s < P; ++s)
+            want += " | stage " + std::to_string(s) + ": l" + std::to_string(2 * s) + " .. l" + std::to_string(2 * s + 1);
+          if (stage.layout() != want) {
+            std::fprintf(stderr, "rank %d: layout '%s', expected '%s'\n", rank, stage.layout().c_str(), want.c_str());
+            ++failures;
+          }
+        }
         SweepRunner runner;
         runner.micro_batches = M;
         stage.run(runner, M, 2, [](const at::Tensor& loss, const MicroStep&) { loss.backward(); });

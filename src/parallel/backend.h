@@ -212,6 +212,8 @@ class Backend {
   /// Whether the model is split into pipeline stages: then evaluation runs eval_forward, not
   /// forward_step.
   virtual bool pipelined() const { return false; }
+  /// Pipeline: the stages' layers and the schedule in one line ("" without a pipeline).
+  virtual std::string pipeline_layout() const { return ""; }
   /// Pipeline: one evaluation micro-batch (the model's named inputs) through every stage; its loss
   /// on the last stage, undefined on the others (collective over the pipeline).
   virtual at::Tensor eval_forward(const std::map<std::string, at::Tensor>& inputs);

@@ -428,6 +428,7 @@ void Trainer::print_run_summary(int64_t parameters) {
   f.tensorboard_dir = tensorboard_dir(cfg_, experiment_dir_);
   metrics_->print_line(run_summary_line(f));
   metrics_->note(run_summary_record(f, step_));
+  if (const std::string layout = b.pipeline_layout(); !layout.empty()) metrics_->print_line(layout);
 }
 
 void Trainer::resume(torch::nn::Module& model, SampleStream& stream) {

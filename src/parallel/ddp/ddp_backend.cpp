@@ -334,6 +334,8 @@ void DdpBackend::run_micro_batches(MicroBatchRunner& runner) {
   pipe_->run(runner, accumulation_, micro_, [this](const at::Tensor& loss, const MicroStep& m) { backward(loss, m); });
 }
 
+std::string DdpBackend::pipeline_layout() const { return pipe_ ? pipe_->layout() : ""; }
+
 at::Tensor DdpBackend::eval_forward(const std::map<std::string, at::Tensor>& inputs) {
   PT_CHECK(pipe_ != nullptr, "eval_forward without a pipeline");
   return pipe_->forward_only(inputs);

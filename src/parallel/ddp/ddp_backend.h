@@ -35,6 +35,7 @@ class DdpBackend : public ReplicatedBackend, public ElasticGroup {
   void prepare(std::shared_ptr<torch::nn::Module> model, const Config& cfg) override;
   void run_micro_batches(MicroBatchRunner& runner) override;
   bool pipelined() const override { return pipe_ != nullptr; }
+  std::string pipeline_layout() const override;
   at::Tensor eval_forward(const std::map<std::string, at::Tensor>& inputs) override;
   /// The pipeline stage of this rank (null at pipeline_parallel_size 1).
   PipelineStage* pipeline() { return pipe_.get(); }

@@ -217,6 +217,7 @@ PipelineStage::PipelineStage(Communicator& pp_group, const PipelineConfig& cfg, 
   const std::string e = pipeline_schedule_error(cfg.schedule, stages_, virtual_, micro_batches);
   PT_INPUT_CHECK(e.empty(), e);
   zero_bubble_ = cfg.schedule == "zbh1";
+  micro_batches_ = micro_batches;
 }
 
 PipelineStage::~PipelineStage() = default;
@@ -268,6 +269,7 @@ void PipelineStage::apply(torch::nn::Module& model) {
     }
   }
   const std::vector<int64_t> bounds = partition_balanced(weights, chunks);
+  bounds_ = bounds;
   for (int64_t g = 0; g < chunks; ++g) {
     double w = 0;
     for (int64_t i = bounds[g]; i < bounds[g + 1]; ++i) w += weights[i];
@@ -328,6 +330,19 @@ std::string PipelineStage::describe() const {
   return cat("stage ", stage_, " of ", stages_, ": layers ", first_layer_, " .. ", last_layer_, " (", layer_count_, " of ",
              plan_.layers.size(), virtual_ > 1 ? cat(", ", virtual_, " chunks") : std::string(), "), ",
              parameter_count_, " parameters trained", mirror_of_.empty() ? "" : cat(", ", mirror_of_.size(), " mirrored"));
+}
+
+std::string PipelineStage::layout() const {
+  std::string s = cat("pipeline: ", virtual_ > 1 ? cat("interleaved 1f1b (", virtual_, " chunks per stage)") : cfg_.schedule,
+                      ", ", micro_batches_, " micro-batches per step, partition ", cfg_.partition);
+  for (int64_t st = 0; st < stages_; ++st) {
+    s += cat(" | stage ", st, ":");
+    for (int64_t v = 0; v < virtual_; ++v) {
+      const int64_t g = v * stages_ + st;
+      s += cat(v ? ", " : " ", plan_.layers[bounds_[g]].name, " .. ", plan_.layers[bounds_[g + 1] - 1].name);
+    }
+  }
+  return s;
 }
 
 void PipelineStage::send_map(const TensorMap& map, int dst, int tag, std::vector<std::unique_ptr<CommWork>>& works,

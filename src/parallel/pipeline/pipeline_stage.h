@@ -65,6 +65,9 @@ class PipelineStage {
   void apply(torch::nn::Module& model);
   /// "stage 1 of 2: layers h.2 .. head (5 of 9), 1.2M parameters"
   std::string describe() const;
+  /// Every stage's layers and the schedule, for the run's first lines: "pipeline: 1f1b, 4
+  /// micro-batches per step, partition type:Gpt2Block | stage 0: embeddings .. h.1 | stage 1: ..."
+  std::string layout() const;
   /// Whether this stage's optimizer trains `param` (it reads it and is its primary).
   bool trains(const std::string& param) const { return trained_.count(param) > 0; }
   /// Whether `param` was let go here (no layer of this stage reads it).
@@ -118,6 +121,8 @@ class PipelineStage {
   bool zero_bubble_ = false;  ///< ZB-H1: backwards split into B and W (the strategy's backward is not used)
   PipelinePlan plan_;
   std::vector<Chunk> chunks_;  ///< this stage's, by local index
+  std::vector<int64_t> bounds_;  ///< every chunk's first layer, and the number of layers
+  int64_t micro_batches_ = 1;
   std::vector<std::string> order_;  ///< module_state names, the model's order
   std::map<std::string, at::Tensor> params_;  ///< every parameter by name
   std::map<std::string, std::vector<int64_t>> shapes_;  ///< every parameter's shape (this TP rank's part)

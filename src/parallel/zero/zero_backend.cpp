@@ -661,6 +661,8 @@ void ZeroBackend::layer_done(const torch::nn::Module& layer) {
   if (!reused_soon(it->second)) release_unit(it->second);
 }
 
+std::string ZeroBackend::pipeline_layout() const { return pipe_ ? pipe_->layout() : ""; }
+
 at::Tensor ZeroBackend::eval_forward(const std::map<std::string, at::Tensor>& inputs) {
   PT_CHECK(pipe_ != nullptr, "eval_forward without a pipeline");
   return pipe_->forward_only(inputs);

@@ -87,6 +87,7 @@ class ZeroBackend : public Backend {
   void release_model(torch::nn::Module& model) override;
   void run_micro_batches(MicroBatchRunner& runner) override;
   bool pipelined() const override { return pipe_ != nullptr; }
+  std::string pipeline_layout() const override;
   at::Tensor eval_forward(const std::map<std::string, at::Tensor>& inputs) override;
   /// The pipeline stage of this rank (null at pipeline_parallel_size 1).
   PipelineStage* pipeline() { return pipe_.get(); }
