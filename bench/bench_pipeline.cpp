@@ -281,7 +281,8 @@ int main(int argc, char** argv) {
       std::printf("    W passes %.1f ms of %.1f ms compute on stage 1; split backwards per step %ld\n",
                   1e3 * ranks[1]["weight_s"].get<double>(), 1e3 * ranks[1]["compute_s"].get<double>(),
                   static_cast<long>(ranks[1]["split"].get<int64_t>()));
-    if (V == 1) (schedule == "1f1b" ? act_bytes_1f1b : act_bytes_gpipe) = ranks[0]["peak_bytes"].get<int64_t>();
+    if (V == 1 && schedule == "1f1b") act_bytes_1f1b = ranks[0]["peak_bytes"].get<int64_t>();
+    if (schedule == "gpipe") act_bytes_gpipe = ranks[0]["peak_bytes"].get<int64_t>();
   }
   std::printf("  stage 0 peak activations at M = %ld, P = 2: 1F1B %.1f MB, GPipe %.1f MB (%.2fx; theory %ld / %ld "
               "micro-batches)\n",
@@ -305,7 +306,8 @@ int main(int argc, char** argv) {
   std::printf("B. P = 4, layers of fixed duration (forward %.0f ms, backward %.0f ms per stage and micro-batch)\n",
               1e3 * fwd, 1e3 * bwd);
   auto sleepy = [&] { return std::make_shared<SleepStack>(8, fwd / 2, bwd / 2); };
-  auto x = [](int64_t) { return std::map<std::string, at::Tensor>{{"x", torch::ones({64})}}; };
+  // The input needs a gradient too, so the first stage's backward costs what the others' do.
+  auto x = [](int64_t) { return std::map<std::string, at::Tensor>{{"x", torch::ones({64}).requires_grad_(true)}}; };
   for (auto [schedule, V] : {std::pair<std::string, int64_t>{"1f1b", 1}, {"1f1b", 2}, {"gpipe", 1}, {"zbh1", 1}}) {
     const int port = free_port();
     auto ranks = run_forked(4, [&](int rank) { return run_stage(rank, 4, port, schedule, V, steps, sleepy, "uniform", x); });
