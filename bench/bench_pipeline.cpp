@@ -263,11 +263,28 @@ int main(int argc, char** argv) {
       model->zero_grad();
       if (k > 0) total += seconds_since(t0);
     }
-    return json{{"step_s", total / steps}};
+    // The GEMM peak of this thread, for the distance of the step to the machine: a 1024^3 fp32
+    // product, best of 5.
+    at::Tensor a = torch::randn({1024, 1024}), b = torch::randn({1024, 1024});
+    double best = 1e9;
+    for (int k = 0; k < 5; ++k) {
+      const auto t0 = Clock::now();
+      at::Tensor c = at::mm(a, b);
+      best = std::min(best, seconds_since(t0));
+    }
+    return json{{"step_s", total / steps}, {"gemm_gflops", 2.0 * 1024 * 1024 * 1024 / best / 1e9}};
   })[0];
   const double one_s = one["step_s"].get<double>();
-  std::printf("A. GPT-2 (n_embd 256, 8 layers, vocab 512), %ld x %ld tokens per micro-batch; one process %.1f ms per step\n",
-              static_cast<long>(kBatch), static_cast<long>(kSeq), 1e3 * one_s);
+  // Training FLOPs of a step: 6 x tokens x the matmul parameters (blocks and the LM head), plus
+  // attention's scores and context (forward 4 L d per token and layer, backward twice that).
+  const Gpt2Config mc = model_config();
+  const double tokens_per_step = static_cast<double>(kMicro * kBatch * kSeq);
+  const double matmul_params = static_cast<double>(mc.n_layer * 12 * mc.n_embd * mc.n_embd + mc.vocab_size * mc.n_embd);
+  const double flops = tokens_per_step * (6 * matmul_params + 12.0 * mc.n_layer * kSeq * mc.n_embd);
+  std::printf("A. GPT-2 (n_embd 256, 8 layers, vocab 512), %ld x %ld tokens per micro-batch; one process %.1f ms per step "
+              "= %.1f GFLOP/s, against this thread's fp32 GEMM peak %.1f GFLOP/s (1024^3)\n",
+              static_cast<long>(kBatch), static_cast<long>(kSeq), 1e3 * one_s, flops / one_s / 1e9,
+              one["gemm_gflops"].get<double>());
   int64_t act_bytes_1f1b = 0, act_bytes_gpipe = 0;
   for (auto [schedule, V] : {std::pair<std::string, int64_t>{"1f1b", 1}, {"1f1b", 2}, {"gpipe", 1}, {"zbh1", 1}}) {
     const int port = free_port();
@@ -330,11 +347,27 @@ int main(int argc, char** argv) {
       else comm->recv(t, 0, k);
       if (k > 0) best = std::min(best, seconds_since(t0));
     }
-    return json{{"s", best}};
-  })[1];
+    // Latency: a 4-byte ping-pong, best of 50 round trips.
+    at::Tensor tiny = torch::zeros({1});
+    double rtt = 1e9;
+    for (int k = 0; k < 50; ++k) {
+      const auto t0 = Clock::now();
+      if (rank == 0) {
+        comm->send(tiny, 1, 100);
+        comm->recv(tiny, 1, 101);
+      } else {
+        comm->recv(tiny, 0, 100);
+        comm->send(tiny, 0, 101);
+      }
+      rtt = std::min(rtt, seconds_since(t0));
+    }
+    return json{{"s", best}, {"rtt", rtt}};
+  })[0];
   const double gbs = 64.0 * 1024 * 1024 / link["s"].get<double>() / 1e9;
+  std::printf("C. loopback point-to-point round trip of 4 bytes: %.0f us (a transfer of the schedule is 2-3 messages)\n",
+              1e6 * link["rtt"].get<double>());
   const double per_step = 2.0 * kMicro * kBatch * kSeq * 256 * 4;  // activations forward + gradients back, fp32
-  std::printf("C. loopback point-to-point: %.2f GB/s; a stage boundary moves %.1f MB per step in A (%.1f ms at that "
+  std::printf("   loopback point-to-point: %.2f GB/s; a stage boundary moves %.1f MB per step in A (%.1f ms at that "
               "rate, against %.1f ms per step of one process)\n",
               gbs, per_step / 1e6, 1e3 * per_step / (gbs * 1e9), 1e3 * one_s);
   return 0;
