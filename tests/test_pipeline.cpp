@@ -265,6 +265,8 @@ int sweep_rank(int rank, int P, int port) {
           std::string want = "pipeline: 1f1b, 1 micro-batches per step, partition uniform";
           for (int s = 0; s < P; ++s)
             want += " | stage " + std::to_string(s) + ": l" + std::to_string(2 * s) + " .. l" + std::to_string(2 * s + 1);
+          want += " | fewer micro-batches than stages: every stage idles " + std::to_string((200 * (P - 1) + P) / (2 * P)) +
+                  "% of the step; raise gradient_accumulation_steps to a few times " + std::to_string(P);
           if (stage.layout() != want) {
             std::fprintf(stderr, "rank %d: layout '%s', expected '%s'\n", rank, stage.layout().c_str(), want.c_str());
             ++failures;

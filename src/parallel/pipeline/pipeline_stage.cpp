@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <regex>
 #include <unordered_map>
 #include <unordered_set>
@@ -341,6 +342,12 @@ std::string PipelineStage::layout() const {
       const int64_t g = v * stages_ + st;
       s += cat(v ? ", " : " ", plan_.layers[bounds_[g]].name, " .. ", plan_.layers[bounds_[g + 1] - 1].name);
     }
+  }
+  if (micro_batches_ < stages_) {
+    char idle[16];
+    std::snprintf(idle, sizeof idle, "%.0f%%", 100.0 * theoretical_bubble(stages_, 1, micro_batches_));
+    s += cat(" | fewer micro-batches than stages: every stage idles ", idle, " of the step; raise "
+             "gradient_accumulation_steps to a few times ", stages_);
   }
   return s;
 }
