@@ -40,9 +40,11 @@
 #include "polytrain/parallel/pipeline/pipeline_stage.h"
 #include "polytrain/parallel/pipeline/pp_schedule.h"
 #include "../tests/helpers/free_port.h"  // a port the kernel says is free
+#include "../tests/helpers/rank_process.h"
 
 using namespace polytrain;
 using polytrain::testing::free_port;
+using polytrain::testing::run_as_rank;
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
@@ -62,19 +64,10 @@ std::vector<json> run_forked(int world, F body) {
   std::vector<pid_t> pids;
   for (int r = 0; r < world; ++r) {
     const pid_t pid = ::fork();
-    if (pid == 0) {
-      int rc = 1;
-      try {
-        ::setenv("OMP_NUM_THREADS", "1", 1);
-        at::set_num_threads(1);
-        std::ofstream(base + std::to_string(r)) << body(r).dump();
-        rc = 0;
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "rank %d: %s\n", r, e.what());
-      }
-      std::fflush(nullptr);
-      ::_exit(rc);
-    }
+    if (pid == 0) run_as_rank(r, [&](int rank) {
+        std::ofstream(base + std::to_string(rank)) << body(rank).dump();
+        return 0;
+      });
     pids.push_back(pid);
   }
   std::vector<json> out;

@@ -46,16 +46,9 @@ using polytrain::testing::free_port;
 namespace fs = std::filesystem;
 namespace F = torch::nn::functional;
 
+using namespace polytrain::testing;  // the family runs (helpers/family_runs.h), gloo, expect_ranks_pass, max_diff
+
 namespace {
-
-std::unique_ptr<Communicator> gloo(int rank, int world, int port) {
-  return make_gloo_communicator(rank, world, "127.0.0.1", port, std::chrono::seconds(60));
-}
-
-void expect_ranks_pass(const std::vector<int>& status) {
-  for (size_t r = 0; r < status.size(); ++r)
-    EXPECT_TRUE(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0) << "rank " << r << " status " << status[r];
-}
 
 // A failed check inside a rank process: say what, exit non-zero.
 struct RankCheck {
@@ -68,10 +61,6 @@ struct RankCheck {
     }
   }
 };
-
-double max_diff(const at::Tensor& a, const at::Tensor& b) {
-  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
-}
 
 }  // namespace
 
@@ -258,8 +247,6 @@ TEST(TpLayers, ColumnRowVocabAndCrossEntropyMatchTheReferenceAtTp1_2_4) {
 }
 
 // ---- the contract: BERT, GPT-2, T5 at TP 2 x DP 1 and TP 2 x DP 2 vs one process -------------
-
-using namespace polytrain::testing;
 
 class TpContract : public ::testing::TestWithParam<std::string> {};
 
@@ -748,30 +735,7 @@ namespace {
 // containing `expected`.
 void expect_input_error(int world, int tp, const std::string& family, const std::string& expected,
                         const std::function<void(Config&)>& edit = {}) {
-  TempDir tmp("tp_error");
-  const int port = free_port();
-  std::fflush(nullptr);
-  auto status = run_ranks(world, std::chrono::seconds(120), [&](int rank) {
-    try {
-      Config cfg = run_config(tmp.path, TpRun{world, tp});
-      if (edit) edit(cfg);
-      auto backend = make_backend(cfg, gloo(rank, world, port));
-      std::shared_ptr<torch::nn::Module> model;
-      if (family == "mlp")
-        model = torch::nn::Sequential(torch::nn::Linear(4, 4)).ptr();
-      else
-        model = make_model(family, 0.0);
-      backend->prepare(model, cfg);
-    } catch (const InputError& e) {
-      const std::string msg = e.what();
-      if (msg.find(expected) != std::string::npos) return 0;
-      std::fprintf(stderr, "rank %d: unexpected message: %s\n", rank, msg.c_str());
-      return 1;
-    }
-    std::fprintf(stderr, "rank %d: no error\n", rank);
-    return 1;
-  });
-  expect_ranks_pass(status);
+  expect_prepare_error(TpRun{world, tp}, family, expected, edit);
 }
 
 }  // namespace

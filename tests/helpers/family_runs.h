@@ -18,6 +18,7 @@
 
 #include "polytrain/checkpoint/safetensors.h"
 #include "polytrain/common/config.h"
+#include "polytrain/common/error.h"
 #include "polytrain/models/albert.h"
 #include "polytrain/models/bert.h"
 #include "polytrain/models/gpt2.h"
@@ -273,8 +274,42 @@ inline void expect_runs_follow_one_process(const std::string& family, const std:
     expect_same_run(tmp.path / "one", tmp.path / std::to_string(i), 1e-5, family + " " + runs[i].first);
 }
 
+// Every rank of `r`'s job must fail make_backend or prepare() with an InputError containing
+// `expected` (with `one_line`, a message of one line). Family "mlp": a model without any plan.
+inline void expect_prepare_error(const TpRun& r, const std::string& family, const std::string& expected,
+                                 const std::function<void(Config&)>& edit = {}, bool one_line = false) {
+  polytrain::testing::TempDir tmp("prepare_error");
+  const int port = free_port();
+  std::fflush(nullptr);
+  auto status = run_ranks(r.world, std::chrono::seconds(120), [&](int rank) {
+    try {
+      Config cfg = run_config(tmp.path, r);
+      if (edit) edit(cfg);
+      auto backend = make_backend(cfg, gloo(rank, r.world, port));
+      std::shared_ptr<torch::nn::Module> model;
+      if (family == "mlp")
+        model = torch::nn::Sequential(torch::nn::Linear(4, 4)).ptr();
+      else
+        model = make_model(family, 0.0, r.layers);
+      backend->prepare(model, cfg);
+    } catch (const InputError& e) {
+      const std::string msg = e.what();
+      if (msg.find(expected) != std::string::npos && (!one_line || msg.find('\n') == std::string::npos)) return 0;
+      std::fprintf(stderr, "rank %d: unexpected message: %s\n", rank, msg.c_str());
+      return 1;
+    }
+    std::fprintf(stderr, "rank %d: no error\n", rank);
+    return 1;
+  });
+  expect_ranks_pass(status);
+}
+
 }  // namespace family_runs_detail
 
+using family_runs_detail::expect_prepare_error;
+using family_runs_detail::expect_ranks_pass;
+using family_runs_detail::gloo;
+using family_runs_detail::max_diff;
 using family_runs_detail::expect_runs_follow_one_process;
 using family_runs_detail::expect_same_run;
 using family_runs_detail::FamilyTrainer;

@@ -14,6 +14,8 @@
 
 #include <ATen/Parallel.h>
 
+#include "helpers/rank_process.h"
+
 namespace polytrain::testing {
 
 /// Forks `world` ranks running body(rank) (exit 0 = pass) and waits at most `deadline`;
@@ -23,18 +25,7 @@ std::vector<int> run_ranks(int world, std::chrono::seconds deadline, F body) {
   std::vector<pid_t> pids;
   for (int r = 0; r < world; ++r) {
     const pid_t pid = ::fork();
-    if (pid == 0) {
-      int rc = 1;
-      try {
-        ::setenv("OMP_NUM_THREADS", "1", 1);  // a Trainer built in body() keeps one thread too
-        at::set_num_threads(1);
-        rc = body(r);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "rank %d: %s\n", r, e.what());
-      }
-      std::fflush(nullptr);
-      ::_exit(rc);
-    }
+    if (pid == 0) run_as_rank(r, body);
     pids.push_back(pid);
   }
   std::vector<int> status(world, -1);

@@ -244,33 +244,31 @@ void PipelineStage::apply(torch::nn::Module& model) {
   // Weights by partition method (DeepSpeed's PipelineModule partition_method).
   std::map<std::string, at::Tensor> named;
   for (const auto& item : model.named_parameters(true)) named[item.key()] = item.value();
-  auto params_of = [&](const PipeLayer& l) {
-    std::vector<std::string> out;
+  // The parameters each layer reads, by its name prefixes (once: the weights and the readers use them).
+  std::vector<std::vector<std::string>> params_of;
+  for (const auto& l : plan_.layers) {
+    params_of.emplace_back();
     for (const auto& [name, p] : named)
-      for (const auto& prefix : l.params)
-        if (name.rfind(prefix, 0) == 0) {
-          out.push_back(name);
-          break;
-        }
-    return out;
-  };
+      if (std::any_of(l.params.begin(), l.params.end(), [&](const std::string& pre) { return name.rfind(pre, 0) == 0; }))
+        params_of.back().push_back(name);
+  }
   std::vector<double> weights;
   const std::string& method = cfg_.partition;
   std::optional<std::regex> type_re;
   if (method.rfind("type:", 0) == 0) type_re.emplace(method.substr(5), std::regex::icase);
-  for (const auto& l : plan_.layers) {
+  for (size_t i = 0; i < plan_.layers.size(); ++i) {
     if (method == "uniform") {
       weights.push_back(1.0);
     } else if (type_re) {
-      weights.push_back(std::regex_search(l.type, *type_re) ? 1.0 : 0.0);
+      weights.push_back(std::regex_search(plan_.layers[i].type, *type_re) ? 1.0 : 0.0);
     } else {
       double w = 0;
-      for (const auto& name : params_of(l)) w += static_cast<double>(named.at(name).numel());
+      for (const auto& name : params_of[i]) w += static_cast<double>(named.at(name).numel());
       weights.push_back(w);
     }
   }
-  const std::vector<int64_t> bounds = partition_balanced(weights, chunks);
-  bounds_ = bounds;
+  bounds_ = partition_balanced(weights, chunks);
+  const std::vector<int64_t>& bounds = bounds_;
   for (int64_t g = 0; g < chunks; ++g) {
     double w = 0;
     for (int64_t i = bounds[g]; i < bounds[g + 1]; ++i) w += weights[i];
@@ -283,7 +281,7 @@ void PipelineStage::apply(torch::nn::Module& model) {
   std::map<std::string, std::set<int64_t>> readers;
   for (int64_t g = 0; g < chunks; ++g)
     for (int64_t i = bounds[g]; i < bounds[g + 1]; ++i)
-      for (const auto& name : params_of(plan_.layers[i])) readers[name].insert(g % stages_);
+      for (const auto& name : params_of[i]) readers[name].insert(g % stages_);
   for (const auto& [name, p] : named)
     PT_CHECK(readers.count(name), "pipeline plan of ", model.name(), ": no layer reads parameter '", name, "'");
   chunks_.assign(virtual_, Chunk{});
@@ -352,8 +350,18 @@ std::string PipelineStage::layout() const {
   return s;
 }
 
-void PipelineStage::send_map(const TensorMap& map, int dst, int tag, std::vector<std::unique_ptr<CommWork>>& works,
-                             std::vector<at::Tensor>& keep) {
+void PipelineStage::Outbox::send(Communicator& comm, const at::Tensor& t, int dst, int tag) {
+  tensors.push_back(t);
+  works.push_back(comm.send_async(t, dst, tag));
+}
+
+void PipelineStage::Outbox::wait() {
+  for (auto& w : works) w->wait();
+  works.clear();
+  tensors.clear();
+}
+
+void PipelineStage::send_map(const TensorMap& map, int dst, int tag, Outbox& out) {
   PT_CHECK(static_cast<int64_t>(map.size()) <= kMaxTensors, "pipeline: ", map.size(), " tensors in one message");
   std::vector<int64_t> header{static_cast<int64_t>(map.size())};
   std::vector<at::Tensor> bodies;
@@ -376,29 +384,21 @@ void PipelineStage::send_map(const TensorMap& map, int dst, int tag, std::vector
   } else {
     first.data_ptr<int64_t>()[0] = -static_cast<int64_t>(header.size());
   }
-  first = first.to(device_);
-  keep.push_back(first);
-  works.push_back(comm_.send_async(first, dst, tag));
-  if (!fits) {
-    at::Tensor head = at::tensor(header, at::kLong).to(device_);
-    keep.push_back(head);
-    works.push_back(comm_.send_async(head, dst, tag + 1));
-  }
-  for (size_t i = 0; i < bodies.size(); ++i) {
-    keep.push_back(bodies[i]);
-    works.push_back(comm_.send_async(bodies[i], dst, tag + 2 + static_cast<int>(i)));
-  }
+  out.send(comm_, first.to(device_), dst, tag);
+  if (!fits) out.send(comm_, at::tensor(header, at::kLong).to(device_), dst, tag + 1);
+  for (size_t i = 0; i < bodies.size(); ++i) out.send(comm_, bodies[i], dst, tag + 2 + static_cast<int>(i));
 }
 
 TensorMap PipelineStage::recv_map(int src, int tag) {
   const auto t0 = Clock::now();
   at::Tensor head = at::empty({kHeader}, at::TensorOptions().dtype(at::kLong).device(device_));
   comm_.recv(head, src, tag);
-  if (const int64_t n = head[0].item<int64_t>(); n < 0) {  // a long header follows on its own
+  at::Tensor h = head.cpu();  // one copy to the host (a sync on a GPU) per header
+  if (const int64_t n = h.data_ptr<int64_t>()[0]; n < 0) {  // a long header follows on its own
     head = at::empty({-n}, head.options());
     comm_.recv(head, src, tag + 1);
+    h = head.cpu();
   }
-  const at::Tensor h = head.cpu();
   const int64_t* p = h.data_ptr<int64_t>();
   const int64_t* end = p + h.numel();
   auto next = [&]() {
@@ -439,10 +439,15 @@ void PipelineStage::run(MicroBatchRunner& runner, int64_t M, int64_t micro_size,
     std::vector<at::Tensor> outputs;    // what went on, that needs a gradient back (name order)
     at::Tensor loss;                    // the last chunk's weighted loss
     SplitBackward split;                // ZB-H1: its B and W passes
+    Outbox sent;                        // its activations' sends: done, and let go, when it ends
   };
   std::map<std::pair<int64_t, int64_t>, Flight> flights;
-  std::vector<std::unique_ptr<CommWork>> sends;
-  std::vector<at::Tensor> keep;
+  // A flight ends after its gradients came back, so its sends are long done: waiting frees them.
+  auto end_flight = [&](const PipeAction& a) {
+    flights[{a.micro, a.chunk}].sent.wait();
+    flights.erase({a.micro, a.chunk});
+  };
+  Outbox sends;  // the gradients sent back
   const int64_t heap0 = heap_in_use();
   int64_t in_flight = 0;
   for (const PipeAction& a : pipeline_schedule(cfg_.schedule, stages_, virtual_, M, stage_)) {
@@ -466,7 +471,7 @@ void PipelineStage::run(MicroBatchRunner& runner, int64_t M, int64_t micro_size,
       } else {
         for (const auto& [name, t] : carry)
           if (t.requires_grad()) f.outputs.push_back(t);
-        send_map(carry, stage_of_chunk(g + 1), kForwardTag, sends, keep);
+        send_map(carry, stage_of_chunk(g + 1), kForwardTag, f.sent);
       }
       stats_.peak_in_flight = std::max(stats_.peak_in_flight, ++in_flight);
       stats_.peak_activation_bytes = std::max(stats_.peak_activation_bytes, heap_in_use() - heap0);
@@ -478,7 +483,7 @@ void PipelineStage::run(MicroBatchRunner& runner, int64_t M, int64_t micro_size,
       f.split.weights();
       stats_.compute_s += seconds_since(t0);
       stats_.weight_s += seconds_since(t0);
-      flights.erase({a.micro, a.chunk});
+      end_flight(a);
       --in_flight;
       continue;
     }
@@ -520,29 +525,26 @@ void PipelineStage::run(MicroBatchRunner& runner, int64_t M, int64_t micro_size,
     if (g > 0) {
       for (size_t i = 0; i < input_grads.size(); ++i) {
         at::Tensor grad = input_grads[i].defined() ? input_grads[i].contiguous() : at::zeros_like(leaves[i]);
-        keep.push_back(grad);
-        sends.push_back(comm_.send_async(grad, stage_of_chunk(g - 1), kBackwardTag + 2 + static_cast<int>(i)));
+        sends.send(comm_, grad, stage_of_chunk(g - 1), kBackwardTag + 2 + static_cast<int>(i));
       }
     }
     if (zero_bubble_) continue;  // the flight lives until its W
-    flights.erase({a.micro, a.chunk});
+    end_flight(a);
     --in_flight;
   }
-  for (auto& w : sends) w->wait();
+  sends.wait();
   exchange_mirror_grads(backward);
   stats_.step_s = seconds_since(t_step);
 }
 
 void PipelineStage::exchange_mirror_grads(const BackwardFn& backward) {
   if (mirror_of_.empty() && mirrors_on_.empty()) return;
-  std::vector<std::unique_ptr<CommWork>> sends;
-  std::vector<at::Tensor> keep;
-  // Mirrors send their summed gradient to the primary (one tag per parameter, in name order).
+  Outbox sends;
+  // Mirrors send their summed gradient to the primary (one tag, in name order on both ends).
   for (const auto& [name, primary] : mirror_of_) {
     at::Tensor& p = params_.at(name);
-    at::Tensor g = p.grad().defined() ? p.grad().detach().contiguous() : at::zeros_like(p);
-    keep.push_back(g);
-    sends.push_back(comm_.send_async(g, static_cast<int>(primary), kMirrorTag));
+    sends.send(comm_, p.grad().defined() ? p.grad().detach().contiguous() : at::zeros_like(p), static_cast<int>(primary),
+               kMirrorTag);
   }
   at::Tensor root;
   const auto t0 = Clock::now();
@@ -559,19 +561,17 @@ void PipelineStage::exchange_mirror_grads(const BackwardFn& backward) {
   }
   stats_.wait_s += seconds_since(t0);
   if (root.defined()) backward(root, MicroStep{0, false});
-  for (auto& w : sends) w->wait();
+  sends.wait();
   for (const auto& [name, _] : mirror_of_) params_.at(name).mutable_grad() = at::Tensor();
 }
 
 void PipelineStage::after_step() {
   if (mirror_of_.empty() && mirrors_on_.empty()) return;
   torch::NoGradGuard no_grad;
-  std::vector<std::unique_ptr<CommWork>> sends;
-  std::vector<at::Tensor> keep;
+  Outbox sends;
   for (const auto& [name, to] : mirrors_on_) {
-    at::Tensor v = params_.at(name).detach().contiguous();
-    keep.push_back(v);
-    for (int64_t s : to) sends.push_back(comm_.send_async(v, static_cast<int>(s), kMirrorTag));
+    const at::Tensor v = params_.at(name).detach().contiguous();
+    for (int64_t s : to) sends.send(comm_, v, static_cast<int>(s), kMirrorTag);
   }
   for (const auto& [name, primary] : mirror_of_) {
     at::Tensor& p = params_.at(name);
@@ -579,14 +579,13 @@ void PipelineStage::after_step() {
     comm_.recv(v, static_cast<int>(primary), kMirrorTag);
     p.detach().copy_(v);
   }
-  for (auto& w : sends) w->wait();
+  sends.wait();
 }
 
 at::Tensor PipelineStage::forward_only(const TensorMap& inputs) {
   torch::NoGradGuard no_grad;
   const int64_t G = stages_ * virtual_;
-  std::vector<std::unique_ptr<CommWork>> sends;
-  std::vector<at::Tensor> keep;
+  Outbox sends;
   at::Tensor loss;
   for (int64_t v = 0; v < virtual_; ++v) {
     const int64_t g = global_chunk(v);
@@ -595,10 +594,10 @@ at::Tensor PipelineStage::forward_only(const TensorMap& inputs) {
     if (g == G - 1) {
       loss = carry.at("loss");
     } else {
-      send_map(carry, stage_of_chunk(g + 1), kEvalTag, sends, keep);
+      send_map(carry, stage_of_chunk(g + 1), kEvalTag, sends);
     }
   }
-  for (auto& w : sends) w->wait();
+  sends.wait();
   return loss;
 }
 
@@ -618,9 +617,8 @@ NamedTensors PipelineStage::own(const NamedTensors& state) const {
 }
 
 NamedTensors PipelineStage::gather(NamedTensors own_state) {
-  std::vector<std::unique_ptr<CommWork>> sends;
-  std::vector<at::Tensor> keep;
   if (stage_ > 0) {
+    Outbox sends;
     TensorMap mine;
     for (const auto& [name, t] : own_state)
       if (params_.count(name)) mine[name] = t.detach();  // buffers come from stage 0
@@ -632,8 +630,8 @@ NamedTensors PipelineStage::gather(NamedTensors own_state) {
     }
     at::Tensor count = at::tensor({static_cast<int64_t>(parts.size())}, at::kLong).to(device_);
     comm_.send(count, 0, kGatherTag);
-    for (size_t i = 0; i < parts.size(); ++i) send_map(parts[i], 0, kGatherTag + 64, sends, keep);
-    for (auto& w : sends) w->wait();
+    for (const auto& part : parts) send_map(part, 0, kGatherTag + 64, sends);
+    sends.wait();
     return own_state;
   }
   std::map<std::string, at::Tensor> all;

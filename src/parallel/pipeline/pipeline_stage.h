@@ -109,8 +109,14 @@ class PipelineStage {
   };
   int64_t global_chunk(int64_t local) const { return local * stages_ + stage_; }
   int stage_of_chunk(int64_t g) const { return static_cast<int>(g % stages_); }
-  void send_map(const TensorMap& map, int dst, int tag, std::vector<std::unique_ptr<CommWork>>& works,
-                std::vector<at::Tensor>& keep);
+  /// Sends in flight and the tensors they read, which must live until each is done.
+  struct Outbox {
+    std::vector<std::unique_ptr<CommWork>> works;
+    std::vector<at::Tensor> tensors;
+    void send(Communicator& comm, const at::Tensor& t, int dst, int tag);
+    void wait();  ///< every send done; the tensors let go
+  };
+  void send_map(const TensorMap& map, int dst, int tag, Outbox& out);
   TensorMap recv_map(int src, int tag);
   void exchange_mirror_grads(const BackwardFn& backward);
 
