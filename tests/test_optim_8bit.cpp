@@ -174,6 +174,59 @@ TEST(DynamicCode, TableSearchIsTheBruteForceNearest) {
   }
 }
 
+// The gather-free search (quant8::fast_magnitude, and the AVX-512 kernel's lanes) against the
+// table search, for every float from 2^-26 (everything below rounds to 0 either way; a sample
+// of those is checked too) to just above 1 (a value times its block's 1 / absmax): the fast
+// search either agrees or says it is unsure (within kFastMargin of a midpoint), and it is
+// unsure rarely. Every kernel's requantization (nearest_codes) gives the table's bytes, for
+// the negatives of the signed code as well.
+TEST(DynamicCode, FastSearchIsTheTableSearchForEveryFloatUpTo1) {
+  auto bits = [](float f) {
+    uint32_t b;
+    std::memcpy(&b, &f, sizeof(b));
+    return b;
+  };
+  auto from_bits = [](uint32_t b) {
+    float f;
+    std::memcpy(&f, &b, sizeof(f));
+    return f;
+  };
+  std::vector<Isa> isas = {Isa::kScalar};
+  if (cpu_adam::hardware_isa() >= Isa::kAvx2) isas.push_back(Isa::kAvx2);
+  if (cpu_adam::hardware_isa() >= Isa::kAvx512) isas.push_back(Isa::kAvx512);
+  for (const DynamicCode* c : {&quant8::signed_code(), &quant8::unsigned_code()}) {
+    const char* name = c->is_signed ? "signed" : "unsigned";
+    std::vector<float> xs;
+    for (uint32_t b = 0; b < bits(0x1p-26f); b += 4099) xs.push_back(from_bits(b));
+    const size_t first_dense = xs.size();
+    for (uint32_t b = bits(0x1p-26f); b <= bits(1.0f) + 4; ++b) xs.push_back(from_bits(b));
+    if (c->is_signed)
+      for (size_t i = 0; i < xs.size(); i += 3) xs.push_back(-xs[i]);
+    std::vector<uint8_t> want(xs.size()), got(xs.size());
+    int64_t unsure = 0, wrong = 0;
+    for (size_t i = 0; i < xs.size(); ++i) {
+      want[i] = quant8::nearest_index(*c, xs[i]);
+      if (std::signbit(xs[i]) || i < first_dense) continue;
+      const int m = quant8::fast_magnitude(*c, xs[i]);
+      if (m < 0) ++unsure;
+      else if (m != want[i] - c->zero_index && ++wrong <= 5)
+        ADD_FAILURE() << name << " x = " << xs[i] << ": fast " << m << ", table " << want[i] - c->zero_index;
+    }
+    EXPECT_EQ(wrong, 0) << name;
+    const auto dense = static_cast<int64_t>(bits(1.0f) + 5 - bits(0x1p-26f));
+    EXPECT_LT(unsure, dense / 1000) << name << ": unsure of " << unsure << " of " << dense << " floats";
+    for (Isa isa : isas) {
+      optim8bit::nearest_codes(*c, xs.data(), static_cast<int64_t>(xs.size()), got.data(), isa);
+      int64_t differ = 0;
+      for (size_t i = 0; i < xs.size(); ++i)
+        if (got[i] != want[i] && ++differ <= 5)
+          ADD_FAILURE() << name << ", " << cpu_adam::isa_name(isa) << " kernel, x = " << xs[i] << ": byte "
+                        << int(got[i]) << ", table " << int(want[i]);
+      EXPECT_EQ(differ, 0) << name << ", " << cpu_adam::isa_name(isa);
+    }
+  }
+}
+
 TEST(BlockwiseQuant, OneBlockByHand) {
   // absmax = 1: 0.5 -> 0.50078125 (index 219, above); -1.0 -> -0.99296875 (index 0, the most
   // negative value); 0.25 -> top decade k = 10: 0.1 + 0.9 * 10.5 / 64 = 0.24765625 (k = 11

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "polytrain/common/error.h"
 
@@ -52,6 +53,50 @@ std::vector<float> magnitudes(const DynamicCode& c) {
   return out;
 }
 
+/// The gather-free search's tables (blockwise_quant.h) from the thresholds t between
+/// neighbouring magnitudes (t[m] between magnitude m and m + 1).
+void fast_tables(DynamicCode& c, const std::vector<float>& t) {
+  // Decade d of magnitude m: 0 for the zero value, e + 1 for decade e, 8 for 1.0.
+  std::vector<int> decade_of = {0};
+  std::array<int, 9> base{}, count{};
+  for (int e = 0; e < 7; ++e) {
+    base[static_cast<size_t>(e + 1)] = static_cast<int>(decade_of.size());
+    count[static_cast<size_t>(e + 1)] = 1 << (e + c.shift);
+    decade_of.insert(decade_of.end(), static_cast<size_t>(1 << (e + c.shift)), e + 1);
+  }
+  base[8] = static_cast<int>(decade_of.size());
+  count[0] = count[8] = 1;
+  decade_of.push_back(8);
+  PT_CHECK(static_cast<int>(decade_of.size()) == c.max_positive + 1, "dynamic code: decades miscounted");
+  for (int d = 0; d < 9; ++d) {
+    const size_t i = static_cast<size_t>(d);
+    if (d == 0 || d == 8) {  // one value each: t = base
+      c.inv_slope[i] = 0.0f;
+      c.offset[i] = static_cast<float>(base[i]);
+    } else {
+      const double slope = c.slope[i - 1], first = c.first[i - 1];
+      c.inv_slope[i] = static_cast<float>(1.0 / slope);
+      c.offset[i] = static_cast<float>(base[i] - first / slope);
+    }
+    c.top[i] = static_cast<float>(base[i] + count[i] - 1);
+  }
+  // The decade thresholds: magnitudes above edge[d] are past decade d.
+  std::vector<float> edge;
+  for (size_t m = 0; m + 1 < decade_of.size(); ++m)
+    if (decade_of[m] != decade_of[m + 1]) edge.push_back(t[m]);
+  PT_CHECK(edge.size() == 8, "dynamic code: ", edge.size(), " decade thresholds");
+  for (int32_t j = 0; j < 32; ++j) {
+    const float lo = float_of(static_cast<uint32_t>((kBucketBase >> 7) + j) << 23);
+    const float hi = float_of(static_cast<uint32_t>((kBucketBase >> 7) + j + 1) << 23);
+    const int32_t below = static_cast<int32_t>(std::lower_bound(edge.begin(), edge.end(), lo) - edge.begin());
+    const int32_t inside = static_cast<int32_t>(std::lower_bound(edge.begin(), edge.end(), hi) - edge.begin()) - below;
+    PT_CHECK(inside <= 1, "dynamic code: ", inside, " decade thresholds in one binade");
+    c.binade_decade[static_cast<size_t>(j)] = below;
+    c.binade_edge[static_cast<size_t>(j)] =
+        inside == 1 ? edge[static_cast<size_t>(below)] : std::numeric_limits<float>::infinity();
+  }
+}
+
 }  // namespace
 
 DynamicCode make_dynamic_code(bool is_signed) {
@@ -91,6 +136,7 @@ DynamicCode make_dynamic_code(bool is_signed) {
   // Everything below the first bucket must round to 0, and the last bucket hold no threshold.
   PT_CHECK(t.front() >= float_of(static_cast<uint32_t>(kBucketBase) << 16) && t.back() < 1.0f,
            "dynamic code: thresholds outside the search tables' range");
+  fast_tables(c, t);
   return c;
 }
 

@@ -10,7 +10,9 @@
 // Torch-free.
 #pragma once
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -68,7 +70,26 @@ struct DynamicCode {
   /// bucket has magnitude index c + (low16(a) > t): at most one threshold falls in a bucket
   /// (checked when the tables are built), and within a bucket float order is low-bit order.
   std::array<int32_t, kBuckets> buckets{};
+
+  /// The gather-free search (the AVX-512 kernel's; fast_magnitude below), from register-sized
+  /// tables. Decade d = e + 1 (0: the zero value, 1..7: e = 0..6, 8: 1.0) covers the magnitudes
+  /// between two decade thresholds, and inside it the magnitude index is
+  /// min(round(fma(a, inv_slope[d], offset[d])), top[d]): offset = base - first / slope, base
+  /// the magnitude index of the decade's first value, top its last. Which decade: binade j of a
+  /// (a in [2^(j-24), 2^(j-23)), everything below in binade 0) starts in decade binade_decade[j]
+  /// and a > binade_edge[j] moves it to the next (at most one decade threshold per binade;
+  /// +inf when none).
+  std::array<float, 16> inv_slope{}, offset{}, top{};
+  std::array<int32_t, 32> binade_decade{};
+  std::array<float, 32> binade_edge{};
 };
+
+/// fast_magnitude's t is trusted when it lies at least this far (in steps of the code) from a
+/// midpoint. The roundings between t and the exact midpoints (the fma, offset, 1 / slope and
+/// the code's own values) move t by about 2^-15 at most (t < 256), and the test in
+/// test_optim_8bit.cpp checks every float in [0, 1]; a t within the margin of k + 1/2 (about
+/// one lane in 2000) is left to the table search.
+constexpr float kFastMargin = 1.0f / 4096.0f;
 
 /// The signed dynamic code (bitsandbytes: create_dynamic_map(signed=True)), built once.
 const DynamicCode& signed_code();
@@ -93,6 +114,20 @@ inline uint8_t nearest_index(const DynamicCode& c, float x) {
     return static_cast<uint8_t>(c.zero_index - k);
   }
   return static_cast<uint8_t>(c.zero_index + k);
+}
+
+/// The magnitude index of a >= 0 (as nearest_index's k) from the gather-free tables, or -1
+/// when a lies within kFastMargin of a midpoint inside a decade (then nearest_index decides).
+/// The AVX-512 kernel computes the same thing lane-wise.
+inline int fast_magnitude(const DynamicCode& c, float a) {
+  uint32_t bits;
+  std::memcpy(&bits, &a, sizeof(bits));
+  const int32_t j = std::max<int32_t>(static_cast<int32_t>(bits >> 23) - (kBucketBase >> 7), 0) & 31;
+  const int d = c.binade_decade[static_cast<size_t>(j)] + (a > c.binade_edge[static_cast<size_t>(j)] ? 1 : 0);
+  const float t = std::fma(a, c.inv_slope[static_cast<size_t>(d)], c.offset[static_cast<size_t>(d)]);
+  const float r = std::nearbyint(t);
+  if (std::fabs(t - r) > 0.5f - kFastMargin) return -1;
+  return static_cast<int>(std::min(r, c.top[static_cast<size_t>(d)]));
 }
 
 /// values[index], evaluated by the formula (what make_dynamic_code fills the table with).

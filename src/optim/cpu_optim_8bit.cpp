@@ -184,6 +184,16 @@ PT_AVX512 inline __m512 dequant512(const uint8_t* q, const Code512& t, __m512 ab
   return _mm512_mul_ps(_mm512_castsi512_ps(v), absmax);
 }
 
+/// The byte of magnitude index k (signed code: of sign `bits`'s), as nearest_index.
+template <bool Signed>
+PT_AVX512 inline __m128i code_byte512(__m512i k, __m512i bits, const DynamicCode& c) {
+  if (!Signed) return _mm512_cvtepi32_epi8(k);  // zero_index 0
+  const __mmask16 neg = _mm512_cmplt_epi32_mask(bits, _mm512_setzero_si512());
+  const __m512i zero = _mm512_set1_epi32(c.zero_index);
+  const __m512i kneg = _mm512_min_epi32(k, _mm512_set1_epi32(c.max_negative));
+  return _mm512_cvtepi32_epi8(_mm512_mask_sub_epi32(_mm512_add_epi32(zero, k), neg, zero, kneg));
+}
+
 /// quant8::nearest_index on 16 lanes -> 16 bytes. Unsigned: x >= 0 (exp_avg_sq, normalised).
 template <bool Signed>
 PT_AVX512 inline __m128i nearest512(__m512 x, const DynamicCode& c) {
@@ -196,12 +206,50 @@ PT_AVX512 inline __m128i nearest512(__m512 x, const DynamicCode& c) {
   const __mmask16 up = _mm512_cmpgt_epi32_mask(_mm512_and_si512(mag, _mm512_set1_epi32(0xFFFF)),
                                                _mm512_and_si512(e, _mm512_set1_epi32(0x1FFFF)));
   k = _mm512_mask_add_epi32(k, up, k, _mm512_set1_epi32(1));
-  if (!Signed) return _mm512_cvtepi32_epi8(k);  // zero_index 0
-  const __mmask16 neg = _mm512_cmplt_epi32_mask(bits, _mm512_setzero_si512());
-  const __m512i zero = _mm512_set1_epi32(c.zero_index);
-  const __m512i kneg = _mm512_min_epi32(k, _mm512_set1_epi32(c.max_negative));
-  const __m512i idx = _mm512_mask_sub_epi32(_mm512_add_epi32(zero, k), neg, zero, kneg);
-  return _mm512_cvtepi32_epi8(idx);
+  return code_byte512<Signed>(k, bits, c);
+}
+
+/// A code's gather-free search tables in registers (DynamicCode::inv_slope ... binade_edge).
+struct Fast512 {
+  __m512 inv_slope, offset, top, edge_lo, edge_hi;
+  __m512i decade_lo, decade_hi;
+};
+
+PT_AVX512 inline Fast512 fast512_tables(const DynamicCode& c) {
+  return {_mm512_loadu_ps(c.inv_slope.data()),   _mm512_loadu_ps(c.offset.data()),
+          _mm512_loadu_ps(c.top.data()),         _mm512_loadu_ps(c.binade_edge.data()),
+          _mm512_loadu_ps(c.binade_edge.data() + 16),
+          _mm512_loadu_si512(c.binade_decade.data()), _mm512_loadu_si512(c.binade_decade.data() + 16)};
+}
+
+/// quant8::fast_magnitude on 16 lanes (no gather: the decade from the binade's two 32-entry
+/// tables, the index from the decade's linear formula), then the byte as nearest512. `unsure`
+/// gets the lanes within kFastMargin of a midpoint, whose bytes the caller must take from
+/// nearest512 instead.
+template <bool Signed>
+PT_AVX512 inline __m128i fast_nearest512(__m512 x, const Fast512& f, const DynamicCode& c, __mmask16& unsure) {
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512i mag = Signed ? _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF)) : bits;
+  const __m512 a = _mm512_castsi512_ps(mag);
+  // binade: max(exponent - 103, 0) (saturating; the permutes read the low 5 bits)
+  const __m512i j = _mm512_subs_epu16(_mm512_srli_epi32(mag, 23), _mm512_set1_epi32(quant8::kBucketBase >> 7));
+  __m512i d = _mm512_permutex2var_epi32(f.decade_lo, j, f.decade_hi);
+  const __m512 edge = _mm512_permutex2var_ps(f.edge_lo, j, f.edge_hi);
+  d = _mm512_mask_add_epi32(d, _mm512_cmp_ps_mask(a, edge, _CMP_GT_OQ), d, _mm512_set1_epi32(1));
+  const __m512 t = _mm512_fmadd_ps(a, _mm512_permutexvar_ps(d, f.inv_slope), _mm512_permutexvar_ps(d, f.offset));
+  const __m512 r = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  unsure = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(t, r)), _mm512_set1_ps(0.5f - quant8::kFastMargin),
+                              _CMP_GT_OQ);
+  const __m512i k = _mm512_cvtps_epi32(_mm512_min_ps(r, _mm512_permutexvar_ps(d, f.top)));
+  return code_byte512<Signed>(k, bits, c);
+}
+
+/// 16 values -> 16 bytes of code c: fast_nearest512, and nearest512 when a lane is unsure.
+template <bool Signed>
+PT_AVX512 inline __m128i quantize512(__m512 x, const Fast512& f, const DynamicCode& c) {
+  __mmask16 unsure;
+  const __m128i q = fast_nearest512<Signed>(x, f, c, unsure);
+  return unsure == 0 ? q : nearest512<Signed>(x, c);
 }
 
 /// The fixed 16-lane reduction (reduce16) of one register.
@@ -286,15 +334,16 @@ PT_AVX512 void block_avx512(const Job& j, int64_t b) {
   }
   const float mx = _mm512_reduce_max_ps(mmax), vx = _mm512_reduce_max_ps(vmax);
   const __m512 im = _mm512_set1_ps(mx > 0.0f ? 1.0f / mx : 0.0f), iv = _mm512_set1_ps(vx > 0.0f ? 1.0f / vx : 0.0f);
+  const Fast512 f1 = fast512_tables(*j.c1), f2 = fast512_tables(*j.c2);
   for (i = 0; i + 16 <= len; i += 16) {
     prefetch_next(j, lo + kPrefetchAhead, i);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(qm + i), nearest512<true>(_mm512_mul_ps(_mm512_loadu_ps(mb + i), im), *j.c1));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(qv + i), nearest512<false>(_mm512_mul_ps(_mm512_loadu_ps(vb + i), iv), *j.c2));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(qm + i), quantize512<true>(_mm512_mul_ps(_mm512_loadu_ps(mb + i), im), f1, *j.c1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(qv + i), quantize512<false>(_mm512_mul_ps(_mm512_loadu_ps(vb + i), iv), f2, *j.c2));
   }
   if (r > 0) {  // mb / vb hold the padded vector's 16 values
     alignas(16) uint8_t tm[16], tv[16];
-    _mm_store_si128(reinterpret_cast<__m128i*>(tm), nearest512<true>(_mm512_mul_ps(_mm512_loadu_ps(mb + i), im), *j.c1));
-    _mm_store_si128(reinterpret_cast<__m128i*>(tv), nearest512<false>(_mm512_mul_ps(_mm512_loadu_ps(vb + i), iv), *j.c2));
+    _mm_store_si128(reinterpret_cast<__m128i*>(tm), quantize512<true>(_mm512_mul_ps(_mm512_loadu_ps(mb + i), im), f1, *j.c1));
+    _mm_store_si128(reinterpret_cast<__m128i*>(tv), quantize512<false>(_mm512_mul_ps(_mm512_loadu_ps(vb + i), iv), f2, *j.c2));
     std::memcpy(qm + i, tm, static_cast<size_t>(r));
     std::memcpy(qv + i, tv, static_cast<size_t>(r));
   }
@@ -472,6 +521,28 @@ PT_AVX2 void block_avx2(const Job& j, int64_t b) {
   j.s.exp_avg_sq_absmax[b] = vx;
 }
 
+/// nearest_codes' vector part: whole vectors of 16; returns how many values it did.
+PT_AVX512 int64_t nearest_codes_avx512(const DynamicCode& c, const float* x, int64_t n, uint8_t* out) {
+  const Fast512 f = fast512_tables(c);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), c.is_signed ? quantize512<true>(v, f, c) : quantize512<false>(v, f, c));
+  }
+  return i;
+}
+
+PT_AVX2 int64_t nearest_codes_avx2(const DynamicCode& c, const float* x, int64_t n, uint8_t* out) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                     c.is_signed ? pack16(nearest256<true>(a, c), nearest256<true>(b, c))
+                                 : pack16(nearest256<false>(a, c), nearest256<false>(b, c)));
+  }
+  return i;
+}
+
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
@@ -576,6 +647,17 @@ double lamb_step(const LambHyper& h, int64_t step, float* param, const float* gr
   job.c.neg_scale = static_cast<float>(-step_size * trust);
   run(job, isa);
   return trust;
+}
+
+void nearest_codes(const DynamicCode& code, const float* x, int64_t n, uint8_t* out, Isa isa) {
+  PT_CHECK(n >= 0 && rank(isa) <= rank(cpu_adam::hardware_isa()), "optim8bit::nearest_codes: ", n, " values, ",
+           cpu_adam::isa_name(isa), " kernel");
+  int64_t i = 0;
+#if defined(__x86_64__)
+  if (isa == Isa::kAvx512) i = nearest_codes_avx512(code, x, n, out);
+  if (isa == Isa::kAvx2) i = nearest_codes_avx2(code, x, n, out);
+#endif
+  for (; i < n; ++i) out[i] = quant8::nearest_index(code, x[i]);
 }
 
 }  // namespace polytrain::optim8bit

@@ -18,6 +18,10 @@
 
 #include "polytrain/optim/cpu_adam.h"
 
+namespace polytrain::quant8 {
+struct DynamicCode;
+}
+
 namespace polytrain::optim8bit {
 
 using cpu_adam::Isa;
@@ -65,5 +69,12 @@ struct LambHyper {
 /// order. `scratch` holds 2 * quant8::num_blocks(n) floats. Returns the trust ratio used.
 double lamb_step(const LambHyper& h, int64_t step, float* param, const float* grad, const StateView& state,
                  int64_t n, float* scratch, Isa isa = cpu_adam::detect_isa());
+
+/// The code bytes of n values already divided by their block's absmax, as the requantization
+/// of `isa`'s kernel finds them: quant8::nearest_index of each, whichever kernel (the AVX-512
+/// one searches without a table gather where a value is not within kFastMargin of a
+/// midpoint). For the tests, which check every float through it.
+void nearest_codes(const quant8::DynamicCode& code, const float* x, int64_t n, uint8_t* out,
+                   Isa isa = cpu_adam::detect_isa());
 
 }  // namespace polytrain::optim8bit
