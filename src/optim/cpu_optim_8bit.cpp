@@ -2,8 +2,10 @@
 // handles a block: dequantize + update + keep the new fp32 moments in a 2 KiB buffer on the
 // stack, then requantize from that buffer while lines further on are prefetched. The
 // SIMD kernels dequantize by the code's formula in registers (a table gather there sat on the
-// update's critical path and cost ~40% of the time) and requantize through a gather from the
-// 12.5 KiB bucket table; the last partial vector of a block runs through the same vector code
+// update's critical path and cost ~40% of the time). The AVX-512 kernel requantizes without a
+// gather too (blockwise_quant.h: fast_magnitude; the rare lane within 1/4096 of a step from a
+// midpoint sends its vector to the table search), the AVX2 one through a gather from the
+// 12.5 KiB bucket table; both give the table's bytes. The last partial vector of a block runs through the same vector code
 // on a padded copy, so each element gets the same instruction sequence wherever it falls (as in
 // cpu_adam.cpp).
 //
@@ -244,12 +246,28 @@ PT_AVX512 inline __m128i fast_nearest512(__m512 x, const Fast512& f, const Dynam
   return code_byte512<Signed>(k, bits, c);
 }
 
-/// 16 values -> 16 bytes of code c: fast_nearest512, and nearest512 when a lane is unsure.
-template <bool Signed>
-PT_AVX512 inline __m128i quantize512(__m512 x, const Fast512& f, const DynamicCode& c) {
-  __mmask16 unsure;
-  const __m128i q = fast_nearest512<Signed>(x, f, c, unsure);
-  return unsure == 0 ? q : nearest512<Signed>(x, c);
+/// Requantization of one moment: the codes of x[i] * scale for the whole vectors of x[0, len),
+/// len <= kBlockSize, by fast_nearest512, with the (rare) unsure vectors redone by nearest512
+/// after the loop, so that the loop has no branch; prefetch(i) is called at each vector.
+/// Returns the elements done.
+template <bool Signed, typename Prefetch>
+PT_AVX512 inline int64_t requantize512(const float* x, int64_t len, __m512 scale, const Fast512& f,
+                                       const DynamicCode& c, uint8_t* q, Prefetch prefetch) {
+  __mmask16 unsure[kBlockSize / 16];
+  __mmask16 any = 0;
+  int64_t v = 0;
+  for (; (v + 1) * 16 <= len; ++v) {
+    prefetch(v * 16);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + v * 16),
+                     fast_nearest512<Signed>(_mm512_mul_ps(_mm512_loadu_ps(x + v * 16), scale), f, c, unsure[v]));
+    any = static_cast<__mmask16>(any | unsure[v]);
+  }
+  if (any != 0)
+    for (int64_t u = 0; u < v; ++u)
+      if (unsure[u] != 0)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + u * 16),
+                         nearest512<Signed>(_mm512_mul_ps(_mm512_loadu_ps(x + u * 16), scale), c));
+  return v * 16;
 }
 
 /// The fixed 16-lane reduction (reduce16) of one register.
@@ -335,15 +353,12 @@ PT_AVX512 void block_avx512(const Job& j, int64_t b) {
   const float mx = _mm512_reduce_max_ps(mmax), vx = _mm512_reduce_max_ps(vmax);
   const __m512 im = _mm512_set1_ps(mx > 0.0f ? 1.0f / mx : 0.0f), iv = _mm512_set1_ps(vx > 0.0f ? 1.0f / vx : 0.0f);
   const Fast512 f1 = fast512_tables(*j.c1), f2 = fast512_tables(*j.c2);
-  for (i = 0; i + 16 <= len; i += 16) {
-    prefetch_next(j, lo + kPrefetchAhead, i);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(qm + i), quantize512<true>(_mm512_mul_ps(_mm512_loadu_ps(mb + i), im), f1, *j.c1));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(qv + i), quantize512<false>(_mm512_mul_ps(_mm512_loadu_ps(vb + i), iv), f2, *j.c2));
-  }
+  requantize512<true>(mb, len, im, f1, *j.c1, qm, [&](int64_t at) { prefetch_next(j, lo + kPrefetchAhead, at); });
+  i = requantize512<false>(vb, len, iv, f2, *j.c2, qv, [](int64_t) {});
   if (r > 0) {  // mb / vb hold the padded vector's 16 values
     alignas(16) uint8_t tm[16], tv[16];
-    _mm_store_si128(reinterpret_cast<__m128i*>(tm), quantize512<true>(_mm512_mul_ps(_mm512_loadu_ps(mb + i), im), f1, *j.c1));
-    _mm_store_si128(reinterpret_cast<__m128i*>(tv), quantize512<false>(_mm512_mul_ps(_mm512_loadu_ps(vb + i), iv), f2, *j.c2));
+    _mm_store_si128(reinterpret_cast<__m128i*>(tm), nearest512<true>(_mm512_mul_ps(_mm512_loadu_ps(mb + i), im), *j.c1));
+    _mm_store_si128(reinterpret_cast<__m128i*>(tv), nearest512<false>(_mm512_mul_ps(_mm512_loadu_ps(vb + i), iv), *j.c2));
     std::memcpy(qm + i, tm, static_cast<size_t>(r));
     std::memcpy(qv + i, tv, static_cast<size_t>(r));
   }
@@ -521,15 +536,18 @@ PT_AVX2 void block_avx2(const Job& j, int64_t b) {
   j.s.exp_avg_sq_absmax[b] = vx;
 }
 
-/// nearest_codes' vector part: whole vectors of 16; returns how many values it did.
+/// nearest_codes' vector part: whole vectors of 16, in blocks as the kernel; returns how many values it did.
 PT_AVX512 int64_t nearest_codes_avx512(const DynamicCode& c, const float* x, int64_t n, uint8_t* out) {
   const Fast512 f = fast512_tables(c);
+  const __m512 one = _mm512_set1_ps(1.0f);
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512 v = _mm512_loadu_ps(x + i);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), c.is_signed ? quantize512<true>(v, f, c) : quantize512<false>(v, f, c));
+  for (; i + 16 <= n; i += kBlockSize) {
+    const int64_t len = std::min(kBlockSize, n - i);
+    const int64_t done = c.is_signed ? requantize512<true>(x + i, len, one, f, c, out + i, [](int64_t) {})
+                                     : requantize512<false>(x + i, len, one, f, c, out + i, [](int64_t) {});
+    if (done < len) return i + done;
   }
-  return i;
+  return std::min(i, n);
 }
 
 PT_AVX2 int64_t nearest_codes_avx2(const DynamicCode& c, const float* x, int64_t n, uint8_t* out) {
