@@ -177,12 +177,14 @@ PT_AVX512 inline __m512 dequant512(const uint8_t* q, const Code512& t, __m512 ab
   const __m512i d = Signed ? _mm512_sub_epi32(qi, _mm512_set1_epi32(127)) : _mm512_add_epi32(qi, _mm512_set1_epi32(1));
   const __m512 f = _mm512_cvtepi32_ps(Signed ? _mm512_abs_epi32(d) : d);  // w
   const __m512i bits = _mm512_castps_si512(f);
-  const __m512i e = _mm512_sub_epi32(_mm512_srli_epi32(bits, 23), _mm512_set1_epi32(Signed ? 127 : 128));
+  // e = -1 (the zero code: w = 1 unsigned, w = 0 signed, whose -127 the max lifts) reads the
+  // tables' lane 15, slope 0 and first 0: the value 0.
+  __m512i e = _mm512_sub_epi32(_mm512_srli_epi32(bits, 23), _mm512_set1_epi32(Signed ? 127 : 128));
+  if (Signed) e = _mm512_max_epi32(e, _mm512_set1_epi32(-1));
   const __m512 k = _mm512_sub_ps(f, _mm512_castsi512_ps(_mm512_and_si512(bits, _mm512_set1_epi32(static_cast<int>(0xFF800000u)))));
-  const __m512 mag = _mm512_fmadd_ps(_mm512_permutexvar_ps(e, t.slope), k, _mm512_permutexvar_ps(e, t.first));
-  __m512i v = _mm512_maskz_mov_epi32(_mm512_cmpge_epi32_mask(e, _mm512_setzero_si512()), _mm512_castps_si512(mag));
-  if (Signed)  // negative codes: the sign bit set (exact negation)
-    v = _mm512_or_si512(v, _mm512_and_si512(_mm512_srai_epi32(d, 31), _mm512_set1_epi32(static_cast<int>(0x80000000u))));
+  __m512i v = _mm512_castps_si512(_mm512_fmadd_ps(_mm512_permutexvar_ps(e, t.slope), k, _mm512_permutexvar_ps(e, t.first)));
+  if (Signed)  // negative codes (d < 0, its sign bit set): v | (d & sign bit), exact negation
+    v = _mm512_ternarylogic_epi32(v, d, _mm512_set1_epi32(static_cast<int>(0x80000000u)), 0xF8);
   return _mm512_mul_ps(_mm512_castsi512_ps(v), absmax);
 }
 
