@@ -5,8 +5,9 @@
 // block's largest magnitude). Written here from the paper's description; no bitsandbytes code.
 //
 // This file holds the codes, the reference quantize / dequantize (plain loops, used by
-// checkpoints, statistic() and the tests) and the lookup tables that make the nearest-code
-// search two table reads; the fused optimizer kernels that use them are cpu_optim_8bit.h's.
+// checkpoints, statistic() and the tests), the lookup tables that make the nearest-code
+// search two table reads, and the register-sized tables of the search without a gather (the
+// AVX-512 kernel's); the fused optimizer kernels that use them are cpu_optim_8bit.h's.
 // Torch-free.
 #pragma once
 
