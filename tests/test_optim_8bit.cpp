@@ -194,36 +194,45 @@ TEST(DynamicCode, FastSearchIsTheTableSearchForEveryFloatUpTo1) {
   std::vector<Isa> isas = {Isa::kScalar};
   if (cpu_adam::hardware_isa() >= Isa::kAvx2) isas.push_back(Isa::kAvx2);
   if (cpu_adam::hardware_isa() >= Isa::kAvx512) isas.push_back(Isa::kAvx512);
+  const uint32_t dense_from = bits(0x1p-26f), dense_to = bits(1.0f) + 4;  // inclusive
   for (const DynamicCode* c : {&quant8::signed_code(), &quant8::unsigned_code()}) {
     const char* name = c->is_signed ? "signed" : "unsigned";
+    int64_t unsure = 0, wrong = 0, differ = 0;
+    // One chunk of values at a time (bounded memory): every float of [2^-26, 1 + 4 ulp], the
+    // tiny ones sampled, and for the signed code the negatives of every third.
+    auto check = [&](std::vector<float>& xs, bool dense) {
+      const size_t positives = xs.size();
+      if (c->is_signed)
+        for (size_t i = 0; i < positives; i += 3) xs.push_back(-xs[i]);
+      std::vector<uint8_t> want(xs.size()), got(xs.size());
+      for (size_t i = 0; i < xs.size(); ++i) {
+        want[i] = quant8::nearest_index(*c, xs[i]);
+        if (!dense || i >= positives) continue;
+        const int m = quant8::fast_magnitude(*c, xs[i]);
+        if (m < 0) ++unsure;
+        else if (m != want[i] - c->zero_index && ++wrong <= 5)
+          ADD_FAILURE() << name << " x = " << xs[i] << ": fast " << m << ", table " << want[i] - c->zero_index;
+      }
+      for (Isa isa : isas) {
+        optim8bit::nearest_codes(*c, xs.data(), static_cast<int64_t>(xs.size()), got.data(), isa);
+        for (size_t i = 0; i < xs.size(); ++i)
+          if (got[i] != want[i] && ++differ <= 5)
+            ADD_FAILURE() << name << ", " << cpu_adam::isa_name(isa) << " kernel, x = " << xs[i] << ": byte "
+                          << int(got[i]) << ", table " << int(want[i]);
+      }
+    };
     std::vector<float> xs;
-    for (uint32_t b = 0; b < bits(0x1p-26f); b += 4099) xs.push_back(from_bits(b));
-    const size_t first_dense = xs.size();
-    for (uint32_t b = bits(0x1p-26f); b <= bits(1.0f) + 4; ++b) xs.push_back(from_bits(b));
-    if (c->is_signed)
-      for (size_t i = 0; i < xs.size(); i += 3) xs.push_back(-xs[i]);
-    std::vector<uint8_t> want(xs.size()), got(xs.size());
-    int64_t unsure = 0, wrong = 0;
-    for (size_t i = 0; i < xs.size(); ++i) {
-      want[i] = quant8::nearest_index(*c, xs[i]);
-      if (std::signbit(xs[i]) || i < first_dense) continue;
-      const int m = quant8::fast_magnitude(*c, xs[i]);
-      if (m < 0) ++unsure;
-      else if (m != want[i] - c->zero_index && ++wrong <= 5)
-        ADD_FAILURE() << name << " x = " << xs[i] << ": fast " << m << ", table " << want[i] - c->zero_index;
+    for (uint32_t b = 0; b < dense_from; b += 4099) xs.push_back(from_bits(b));
+    check(xs, false);
+    for (uint64_t lo = dense_from; lo <= dense_to; lo += uint64_t{1} << 22) {
+      xs.clear();
+      for (uint64_t b = lo; b <= dense_to && b < lo + (uint64_t{1} << 22); ++b) xs.push_back(from_bits(static_cast<uint32_t>(b)));
+      check(xs, true);
     }
     EXPECT_EQ(wrong, 0) << name;
-    const auto dense = static_cast<int64_t>(bits(1.0f) + 5 - bits(0x1p-26f));
+    EXPECT_EQ(differ, 0) << name;
+    const int64_t dense = int64_t{dense_to} - dense_from + 1;
     EXPECT_LT(unsure, dense / 1000) << name << ": unsure of " << unsure << " of " << dense << " floats";
-    for (Isa isa : isas) {
-      optim8bit::nearest_codes(*c, xs.data(), static_cast<int64_t>(xs.size()), got.data(), isa);
-      int64_t differ = 0;
-      for (size_t i = 0; i < xs.size(); ++i)
-        if (got[i] != want[i] && ++differ <= 5)
-          ADD_FAILURE() << name << ", " << cpu_adam::isa_name(isa) << " kernel, x = " << xs[i] << ": byte "
-                        << int(got[i]) << ", table " << int(want[i]);
-      EXPECT_EQ(differ, 0) << name << ", " << cpu_adam::isa_name(isa);
-    }
   }
 }
 
