@@ -79,6 +79,29 @@ INSTANTIATE_TEST_SUITE_P(Cases, FusedLmLoss,
                                            Case{true, 4, 0.3, 64}, Case{false, 0, 0.0, 8}),
                          [](const auto& info) { return "case" + std::to_string(info.index); });
 
+// loss.backward()'s seed of 1 returns the saved gradients themselves: a weight also used
+// elsewhere (tied, as GPT-2's embedding) gets the sum; a kept graph backs up twice (the saved
+// gradients are not consumed), and once the graph is freed a third backward is torch's error.
+TEST(FusedLmLoss, UnitSeedTiedWeightAndAKeptGraph) {
+  torch::manual_seed(5);
+  const int64_t n = 12, hsz = 8, v = 37;
+  auto h0 = torch::randn({n, hsz}, torch::kDouble), w0 = torch::randn({v, hsz}, torch::kDouble) * 0.5;
+  auto labels = torch::randint(0, v, {n}, torch::kLong);
+  auto ids = torch::randint(0, v, {5}, torch::kLong);
+  auto h = h0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+  auto loss = fused_linear_cross_entropy(h, w, at::Tensor(), labels, -100, 5) + w.index_select(0, ids).pow(2).sum();
+  loss.backward({}, /*retain_graph=*/true);
+  const auto hg = h.grad().clone(), wg = w.grad().clone();
+  auto hd = h0.clone().requires_grad_(true), wd = w0.clone().requires_grad_(true);
+  (F::cross_entropy(F::linear(hd, wd), labels) + wd.index_select(0, ids).pow(2).sum()).backward();
+  EXPECT_TRUE(torch::allclose(hg, hd.grad(), 1e-10, 1e-12));
+  EXPECT_TRUE(torch::allclose(wg, wd.grad(), 1e-10, 1e-12));
+  loss.backward();  // the kept graph: the same gradients again, accumulated
+  EXPECT_TRUE(torch::allclose(h.grad(), 2 * hg, 1e-12, 1e-14));
+  EXPECT_TRUE(torch::allclose(w.grad(), 2 * wg, 1e-12, 1e-14));
+  EXPECT_THROW(loss.backward(), c10::Error);
+}
+
 // The GPU's bf16 path (matmuls in bf16, log-softmax and accumulators in fp32), run on the CPU:
 // against the float64 dense reference to bf16 rounding.
 TEST(FusedLmLoss, Bf16MatmulsMatchTheReferenceToBf16Rounding) {
