@@ -333,7 +333,8 @@ TEST(CpuAdamDispatch, DetectsTheCpuAndHonoursTheEnvironment) {
   __builtin_cpu_init();
   Isa expected = Isa::kScalar;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) expected = Isa::kAvx2;
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) expected = Isa::kAvx512;
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw"))
+    expected = Isa::kAvx512;
   EXPECT_EQ(cpu_adam::hardware_isa(), expected) << cpu_adam::isa_name(cpu_adam::hardware_isa());
 #endif
   const char* before = std::getenv("POLYTRAIN_CPU_ADAM_ISA");

@@ -2,7 +2,8 @@
 // from the formula, not from their code): one pass over p, g, m, v per step with the update
 // and the optional bf16 / fp16 copy of the new weights fused in.
 //
-// Kernels: AVX-512 (F + BW) and AVX2 + FMA + F16C, as intrinsics in functions carrying their
+// Kernels: AVX-512 (F + BW; the detection also asks DQ, which the 8-bit kernels use) and
+// AVX2 + FMA + F16C, as intrinsics in functions carrying their
 // own target attribute, so this file builds with plain -O2 and runs on any x86-64 CPU; the
 // one to run is chosen from cpuid + xgetbv at run time (cpu_adam.h: hardware_isa). A scalar
 // kernel is the fallback and the only one off x86-64. A SIMD kernel runs its last partial
@@ -59,9 +60,9 @@ Isa probe_cpu() {
   const bool os_zmm = (xcr0_lo & 0xE6) == 0xE6;          // + opmask, ZMM0-15 high, ZMM16-31
   unsigned a7 = 0, b7 = 0, c7 = 0, d7 = 0;
   if (__get_cpuid_count(7, 0, &a7, &b7, &c7, &d7) == 0) return Isa::kScalar;
-  const bool avx2 = (b7 >> 5) & 1, avx512f = (b7 >> 16) & 1, avx512bw = (b7 >> 30) & 1;
+  const bool avx2 = (b7 >> 5) & 1, avx512f = (b7 >> 16) & 1, avx512dq = (b7 >> 17) & 1, avx512bw = (b7 >> 30) & 1;
   if (!(os_ymm && avx2 && fma && f16c)) return Isa::kScalar;
-  if (os_zmm && avx512f && avx512bw) return Isa::kAvx512;
+  if (os_zmm && avx512f && avx512dq && avx512bw) return Isa::kAvx512;
   return Isa::kAvx2;
 }
 #else

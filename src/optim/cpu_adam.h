@@ -23,7 +23,7 @@ namespace polytrain::cpu_adam {
 enum class Isa { kScalar, kAvx2, kAvx512 };
 
 /// The best kernel this CPU and OS can run: cpuid says the instructions exist (AVX2 with FMA
-/// and F16C; AVX-512 F and BW) and xgetbv says the OS saves the ymm / zmm registers. Never
+/// and F16C; AVX-512 F, DQ and BW) and xgetbv says the OS saves the ymm / zmm registers. Never
 /// derived from build flags. Always kScalar off x86-64.
 Isa hardware_isa();
 

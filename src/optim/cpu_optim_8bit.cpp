@@ -141,7 +141,7 @@ void block_scalar(const Job& j, int64_t b) {
 }
 
 #if defined(__x86_64__)
-#define PT_AVX512 __attribute__((target("avx512f,avx512bw")))
+#define PT_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq")))
 #define PT_AVX2 __attribute__((target("avx2,fma,f16c")))
 
 // GCC 12 reports its own _mm512_undefined_*() placeholders inside the intrinsics as "may be
@@ -241,11 +241,18 @@ PT_AVX512 inline __m128i fast_nearest512(__m512 x, const Fast512& f, const Dynam
   const __m512 edge = _mm512_permutex2var_ps(f.edge_lo, j, f.edge_hi);
   d = _mm512_mask_add_epi32(d, _mm512_cmp_ps_mask(a, edge, _CMP_GT_OQ), d, _mm512_set1_epi32(1));
   const __m512 t = _mm512_fmadd_ps(a, _mm512_permutexvar_ps(d, f.inv_slope), _mm512_permutexvar_ps(d, f.offset));
-  const __m512 r = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  unsure = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(t, r)), _mm512_set1_ps(0.5f - quant8::kFastMargin),
-                              _CMP_GT_OQ);
-  const __m512i k = _mm512_cvtps_epi32(_mm512_min_ps(r, _mm512_permutexvar_ps(d, f.top)));
-  return code_byte512<Signed>(k, bits, c);
+  // t - round(t) (vreduceps) within the margin of 1/2: unsure
+  unsure = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_reduce_ps(t, _MM_FROUND_TO_NEAREST_INT)),
+                              _mm512_set1_ps(0.5f - quant8::kFastMargin), _CMP_GT_OQ);
+  // Capped at the decade's last index; the conversion rounds to nearest (MXCSR's default), and
+  // a lane it could round either way is unsure, so shifting by an integer first changes nothing.
+  __m512 k = _mm512_min_ps(t, _mm512_permutexvar_ps(d, f.top));
+  if (Signed) {  // zero_index +- k with x's sign, the negative side capped at index 0
+    k = _mm512_castsi512_ps(_mm512_ternarylogic_epi32(_mm512_castps_si512(k), bits,
+                                                      _mm512_set1_epi32(static_cast<int>(0x80000000u)), 0xF8));
+    k = _mm512_max_ps(_mm512_add_ps(k, _mm512_set1_ps(static_cast<float>(c.zero_index))), _mm512_setzero_ps());
+  }
+  return _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(k));
 }
 
 /// Requantization of one moment: the codes of x[i] * scale for the whole vectors of x[0, len),
@@ -311,7 +318,7 @@ PT_AVX512 inline void chunk512(const Job& j, const K512& k, const Code512& c1, c
   }
   _mm512_storeu_ps(mb, m);
   _mm512_storeu_ps(vb, v);
-  mmax = _mm512_max_ps(mmax, _mm512_abs_ps(m));
+  mmax = _mm512_range_ps(mmax, m, 0x0B);  // the larger magnitude, sign cleared
   vmax = _mm512_max_ps(vmax, v);
 }
 

@@ -4,7 +4,7 @@
 // 16 bytes a parameter (read p, g and two codes; write p and two codes) where the fp32 CPU
 // Adam moves 28, and the state is 2 bytes + 8/256 a parameter instead of 8.
 //
-// Same run-time dispatch as cpu_adam.h (scalar, AVX2 + FMA, AVX-512 F + BW; the same
+// Same run-time dispatch as cpu_adam.h (scalar, AVX2 + FMA, AVX-512 F + DQ + BW; the same
 // POLYTRAIN_CPU_ADAM_ISA override) and the same worker pool (worker_pool.h), threaded over
 // blocks. Every kernel computes each element with the same operations (fused multiply-adds
 // spelled out, the same 16-lane order for LAMB's norms), so the three give bit-identical
