@@ -1,13 +1,14 @@
 // The 8-bit optimizers' CPU kernels (see cpu_optim_8bit.h). One function per instruction set
-// handles a block: dequantize + update + keep the new fp32 moments in a 2 KiB buffer on the
-// stack, then requantize from that buffer while lines further on are prefetched. The
-// SIMD kernels dequantize by the code's formula in registers (a table gather there sat on the
-// update's critical path and cost ~40% of the time). The AVX-512 kernel requantizes without a
-// gather too (blockwise_quant.h: fast_magnitude; the rare lane within 1/4096 of a step from a
-// midpoint sends its vector to the table search), the AVX2 one through a gather from the
-// 12.5 KiB bucket table; both give the table's bytes. The last partial vector of a block runs through the same vector code
-// on a padded copy, so each element gets the same instruction sequence wherever it falls (as in
-// cpu_adam.cpp).
+// handles a block: dequantize + update + keep the new fp32 moments in a 1 KiB buffer on the
+// stack, then requantize from that buffer (the hardware prefetchers follow these sequential
+// streams: explicit prefetches of the next blocks changed nothing, measured). The SIMD kernels
+// dequantize by the code's formula in registers (a table gather there sat on the update's
+// critical path and cost ~40% of the time). The AVX-512 kernel requantizes without a gather
+// too (blockwise_quant.h: fast_magnitude; the rare lane within 1/4096 of a step from a midpoint
+// sends its vector to the table search), the AVX2 one through a gather from the 12.5 KiB bucket
+// table; both give the table's bytes. The last partial vector of a block runs through the same
+// vector code on a padded copy, so each element gets the same instruction sequence wherever it
+// falls (as in cpu_adam.cpp).
 //
 // Bit-identical across kernels: every a * b + c that the vector code fuses is an explicit fma
 // in the scalar code too (std::fma is exact, hardware or not), nothing else multiplies and adds,
@@ -65,27 +66,6 @@ float reduce16(const float* s) {
   for (int i = 0; i < 4; ++i) r4[i] = r8[i] + r8[i + 4];
   for (int i = 0; i < 2; ++i) r2[i] = r4[i] + r4[i + 2];
   return r2[0] + r2[1];
-}
-
-/// During the requantization of block b (pass B, which reads only the buffer on the stack), the
-/// lines that pass A will read kPrefetchAhead elements on (8 blocks): at iteration i (16
-/// elements), one line of p and g, and every fourth one line of each code array. Memory then
-/// streams while the block is quantized instead of idling (the kernel is otherwise compute-bound
-/// per block and memory-bound between blocks).
-constexpr int64_t kPrefetchAhead = 2048;
-
-inline void prefetch_next(const Job& j, int64_t next_lo, int64_t i) {
-#if defined(__x86_64__)
-  if (next_lo + i >= j.n) return;
-  _mm_prefetch(reinterpret_cast<const char*>(j.p + next_lo + i), _MM_HINT_T0);
-  _mm_prefetch(reinterpret_cast<const char*>(j.g + next_lo + i), _MM_HINT_T0);
-  if ((i & 63) == 0) {
-    _mm_prefetch(reinterpret_cast<const char*>(j.s.exp_avg + next_lo + i), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(j.s.exp_avg_sq + next_lo + i), _MM_HINT_T0);
-  }
-#else
-  (void)j, (void)next_lo, (void)i;
-#endif
 }
 
 // ---- scalar kernel --------------------------------------------------------------------------
@@ -257,16 +237,14 @@ PT_AVX512 inline __m128i fast_nearest512(__m512 x, const Fast512& f, const Dynam
 
 /// Requantization of one moment: the codes of x[i] * scale for the whole vectors of x[0, len),
 /// len <= kBlockSize, by fast_nearest512, with the (rare) unsure vectors redone by nearest512
-/// after the loop, so that the loop has no branch; prefetch(i) is called at each vector.
-/// Returns the elements done.
-template <bool Signed, typename Prefetch>
+/// after the loop, so that the loop has no branch. Returns the elements done.
+template <bool Signed>
 PT_AVX512 inline int64_t requantize512(const float* x, int64_t len, __m512 scale, const Fast512& f,
-                                       const DynamicCode& c, uint8_t* q, Prefetch prefetch) {
+                                       const DynamicCode& c, uint8_t* q) {
   __mmask16 unsure[kBlockSize / 16];
   __mmask16 any = 0;
   int64_t v = 0;
   for (; (v + 1) * 16 <= len; ++v) {
-    prefetch(v * 16);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q + v * 16),
                      fast_nearest512<Signed>(_mm512_mul_ps(_mm512_loadu_ps(x + v * 16), scale), f, c, unsure[v]));
     any = static_cast<__mmask16>(any | unsure[v]);
@@ -362,8 +340,8 @@ PT_AVX512 void block_avx512(const Job& j, int64_t b) {
   const float mx = _mm512_reduce_max_ps(mmax), vx = _mm512_reduce_max_ps(vmax);
   const __m512 im = _mm512_set1_ps(mx > 0.0f ? 1.0f / mx : 0.0f), iv = _mm512_set1_ps(vx > 0.0f ? 1.0f / vx : 0.0f);
   const Fast512 f1 = fast512_tables(*j.c1), f2 = fast512_tables(*j.c2);
-  requantize512<true>(mb, len, im, f1, *j.c1, qm, [&](int64_t at) { prefetch_next(j, lo + kPrefetchAhead, at); });
-  i = requantize512<false>(vb, len, iv, f2, *j.c2, qv, [](int64_t) {});
+  requantize512<true>(mb, len, im, f1, *j.c1, qm);
+  i = requantize512<false>(vb, len, iv, f2, *j.c2, qv);
   if (r > 0) {  // mb / vb hold the padded vector's 16 values
     alignas(16) uint8_t tm[16], tv[16];
     _mm_store_si128(reinterpret_cast<__m128i*>(tm), nearest512<true>(_mm512_mul_ps(_mm512_loadu_ps(mb + i), im), *j.c1));
@@ -531,10 +509,7 @@ PT_AVX2 void block_avx2(const Job& j, int64_t b) {
                      pack16(nearest256<false>(_mm256_mul_ps(_mm256_loadu_ps(vb + at), iv), *j.c2),
                             nearest256<false>(_mm256_mul_ps(_mm256_loadu_ps(vb + at + 8), iv), *j.c2)));
   };
-  for (i = 0; i + 16 <= len; i += 16) {
-    prefetch_next(j, lo + kPrefetchAhead, i);
-    quantize16(i, qm + i, qv + i);
-  }
+  for (i = 0; i + 16 <= len; i += 16) quantize16(i, qm + i, qv + i);
   if (r > 0) {
     alignas(16) uint8_t tm[16], tv[16];
     quantize16(i, tm, tv);
@@ -552,8 +527,8 @@ PT_AVX512 int64_t nearest_codes_avx512(const DynamicCode& c, const float* x, int
   int64_t i = 0;
   for (; i + 16 <= n; i += kBlockSize) {
     const int64_t len = std::min(kBlockSize, n - i);
-    const int64_t done = c.is_signed ? requantize512<true>(x + i, len, one, f, c, out + i, [](int64_t) {})
-                                     : requantize512<false>(x + i, len, one, f, c, out + i, [](int64_t) {});
+    const int64_t done = c.is_signed ? requantize512<true>(x + i, len, one, f, c, out + i)
+                                     : requantize512<false>(x + i, len, one, f, c, out + i);
     if (done < len) return i + done;
   }
   return std::min(i, n);
