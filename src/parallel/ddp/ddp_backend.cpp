@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 
 #include <torch/nn/module.h>
 #include <torch/serialize/archive.h>
@@ -65,6 +66,10 @@ DdpBackend::DdpBackend(const Config& cfg, std::unique_ptr<Communicator> world)
 void DdpBackend::enable_fault_tolerance(int64_t tp) {
   PT_INPUT_CHECK(tp == 1, "trainer.fault_tolerance: not with tensor parallelism (trainer.model_parallel_size ", tp,
                  "): a lost rank takes a part of the model with it");
+  // Gloo's TCP pairs write without MSG_NOSIGNAL: a rank writing to a dead peer's socket would die
+  // of SIGPIPE (launch: "killed by signal 13"), one lost rank taking a live one with it. Ignored,
+  // the write fails with EPIPE, the collective throws, and the group regroups around the loss.
+  std::signal(SIGPIPE, SIG_IGN);
   own_accumulation_ = accumulation_;
   if (joined_at_ >= 0) {  // a replacement: the group it joined (join_as_replacement)
     admitted_.assign(original_members_.size(), 0);
