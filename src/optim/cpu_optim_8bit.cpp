@@ -168,16 +168,6 @@ PT_AVX512 inline __m512 dequant512(const uint8_t* q, const Code512& t, __m512 ab
   return _mm512_mul_ps(_mm512_castsi512_ps(v), absmax);
 }
 
-/// The byte of magnitude index k (signed code: of sign `bits`'s), as nearest_index.
-template <bool Signed>
-PT_AVX512 inline __m128i code_byte512(__m512i k, __m512i bits, const DynamicCode& c) {
-  if (!Signed) return _mm512_cvtepi32_epi8(k);  // zero_index 0
-  const __mmask16 neg = _mm512_cmplt_epi32_mask(bits, _mm512_setzero_si512());
-  const __m512i zero = _mm512_set1_epi32(c.zero_index);
-  const __m512i kneg = _mm512_min_epi32(k, _mm512_set1_epi32(c.max_negative));
-  return _mm512_cvtepi32_epi8(_mm512_mask_sub_epi32(_mm512_add_epi32(zero, k), neg, zero, kneg));
-}
-
 /// quant8::nearest_index on 16 lanes -> 16 bytes. Unsigned: x >= 0 (exp_avg_sq, normalised).
 template <bool Signed>
 PT_AVX512 inline __m128i nearest512(__m512 x, const DynamicCode& c) {
@@ -190,7 +180,11 @@ PT_AVX512 inline __m128i nearest512(__m512 x, const DynamicCode& c) {
   const __mmask16 up = _mm512_cmpgt_epi32_mask(_mm512_and_si512(mag, _mm512_set1_epi32(0xFFFF)),
                                                _mm512_and_si512(e, _mm512_set1_epi32(0x1FFFF)));
   k = _mm512_mask_add_epi32(k, up, k, _mm512_set1_epi32(1));
-  return code_byte512<Signed>(k, bits, c);
+  if (!Signed) return _mm512_cvtepi32_epi8(k);  // zero_index 0
+  const __mmask16 neg = _mm512_cmplt_epi32_mask(bits, _mm512_setzero_si512());
+  const __m512i zero = _mm512_set1_epi32(c.zero_index);
+  const __m512i kneg = _mm512_min_epi32(k, _mm512_set1_epi32(c.max_negative));
+  return _mm512_cvtepi32_epi8(_mm512_mask_sub_epi32(_mm512_add_epi32(zero, k), neg, zero, kneg));
 }
 
 /// A code's gather-free search tables in registers (DynamicCode::inv_slope ... binade_edge).
@@ -408,6 +402,13 @@ PT_AVX2 inline __m128i pack16(__m256i a, __m256i b) {
   return _mm_packus_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
 }
 
+/// 16 values times `scale` -> their 16 code bytes (two halves of 8 through nearest256).
+template <bool Signed>
+PT_AVX2 inline __m128i codes16_avx2(const float* x, __m256 scale, const DynamicCode& c) {
+  return pack16(nearest256<Signed>(_mm256_mul_ps(_mm256_loadu_ps(x), scale), c),
+                nearest256<Signed>(_mm256_mul_ps(_mm256_loadu_ps(x + 8), scale), c));
+}
+
 PT_AVX2 inline float reduce256x2(__m256 a, __m256 b) {
   const __m256 r8 = _mm256_add_ps(a, b);
   const __m128 r4 = _mm_add_ps(_mm256_castps256_ps128(r8), _mm256_extractf128_ps(r8, 1));
@@ -502,12 +503,8 @@ PT_AVX2 void block_avx2(const Job& j, int64_t b) {
   const float vx = *std::max_element(lanes, lanes + 8);
   const __m256 im = _mm256_set1_ps(mx > 0.0f ? 1.0f / mx : 0.0f), iv = _mm256_set1_ps(vx > 0.0f ? 1.0f / vx : 0.0f);
   auto quantize16 = [&](int64_t at, uint8_t* dm, uint8_t* dv) PT_AVX2 {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dm),
-                     pack16(nearest256<true>(_mm256_mul_ps(_mm256_loadu_ps(mb + at), im), *j.c1),
-                            nearest256<true>(_mm256_mul_ps(_mm256_loadu_ps(mb + at + 8), im), *j.c1)));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dv),
-                     pack16(nearest256<false>(_mm256_mul_ps(_mm256_loadu_ps(vb + at), iv), *j.c2),
-                            nearest256<false>(_mm256_mul_ps(_mm256_loadu_ps(vb + at + 8), iv), *j.c2)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dm), codes16_avx2<true>(mb + at, im, *j.c1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dv), codes16_avx2<false>(vb + at, iv, *j.c2));
   };
   for (i = 0; i + 16 <= len; i += 16) quantize16(i, qm + i, qv + i);
   if (r > 0) {
@@ -535,13 +532,11 @@ PT_AVX512 int64_t nearest_codes_avx512(const DynamicCode& c, const float* x, int
 }
 
 PT_AVX2 int64_t nearest_codes_avx2(const DynamicCode& c, const float* x, int64_t n, uint8_t* out) {
+  const __m256 one = _mm256_set1_ps(1.0f);
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8);
+  for (; i + 16 <= n; i += 16)
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
-                     c.is_signed ? pack16(nearest256<true>(a, c), nearest256<true>(b, c))
-                                 : pack16(nearest256<false>(a, c), nearest256<false>(b, c)));
-  }
+                     c.is_signed ? codes16_avx2<true>(x + i, one, c) : codes16_avx2<false>(x + i, one, c));
   return i;
 }
 
