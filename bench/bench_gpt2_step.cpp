@@ -1,31 +1,82 @@
 // C++ side of bench/gpt2_step.sh: GPT-2 forward + backward tokens/s (no optimizer step) of
 // polytrain's Gpt2LMHeadModel on a fixed random batch; gpt2_step_torch.py runs the same model,
 // batch and threads in Python PyTorch. Dropout is off on both sides (the reference has none).
-// Usage: bench_gpt2_step small|tiny STEPS THREADS BATCH SEQ [default|dense|checkpoint|bf16]
+// Usage: bench_gpt2_step small|tiny STEPS THREADS BATCH SEQ [default|dense|checkpoint|bf16] [profile]
 // MODE: default (fused LM loss: no [tokens, vocab] logits), dense (logits + cross_entropy, the
 // Python side's kernels), checkpoint (default + every block recomputed in backward), bf16
 // (default under CPU autocast in bf16, as bf16.enabled runs it: fp32 master weights).
+// PROFILE ("profile"): the timed steps under LibTorch's profiler; prints each op's self time.
 // THREADS 0: polytrain's default (all the CPUs this process may use).
 // Prints the threads, ms_per_step, tokens_per_s, the step's matmul FLOPs (forward + backward)
 // and the process's peak resident memory.
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <map>
 #include <optional>
+#include <set>
 #include <string>
+#include <tuple>
+#include <vector>
 
+#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
 
 #include "polytrain/common/autocast.h"
 #include "polytrain/common/cpu_budget.h"
 #include "polytrain/models/gpt2.h"
+#include "kineto_times.h"
 
 using namespace polytrain;
+using bench::duration_ns;
+using bench::start_ns;
+namespace prof = torch::autograd::profiler;
+namespace impl = torch::profiler::impl;
+
+namespace {
+
+// Self time per op name (an op's time less its nested ops' on the same thread), ms per step.
+template <typename Events>
+void print_self_times(const Events& events, int steps) {
+  std::map<uint64_t, std::vector<std::tuple<uint64_t, uint64_t, std::string>>> by_thread;
+  for (const auto& e : events) {
+    const uint64_t s = start_ns(e, 0);
+    by_thread[e.startThreadId()].emplace_back(s, s + duration_ns(e, 0), e.name());
+  }
+  std::map<std::string, double> self;
+  double total = 0;
+  for (auto& [tid, ev] : by_thread) {
+    std::sort(ev.begin(), ev.end(), [](const auto& a, const auto& b) {
+      return std::get<0>(a) != std::get<0>(b) ? std::get<0>(a) < std::get<0>(b) : std::get<1>(a) > std::get<1>(b);
+    });
+    std::vector<size_t> stack;
+    std::vector<double> own(ev.size());
+    for (size_t i = 0; i < ev.size(); ++i) {
+      const auto [s, e, name] = ev[i];
+      while (!stack.empty() && std::get<1>(ev[stack.back()]) <= s) stack.pop_back();
+      own[i] = (e - s) / 1e6;
+      if (!stack.empty()) own[stack.back()] -= own[i];
+      else total += own[i];
+      stack.push_back(i);
+    }
+    for (size_t i = 0; i < ev.size(); ++i) self[std::get<2>(ev[i])] += own[i];
+  }
+  std::vector<std::pair<double, std::string>> rows;
+  for (const auto& [k, ms] : self) rows.emplace_back(ms, k);
+  std::sort(rows.rbegin(), rows.rend());
+  std::printf("profiled_ms_per_step %.1f\n", total / steps);
+  for (size_t i = 0; i < rows.size() && i < 30; ++i)
+    std::printf("self %9.2f ms/step  %s\n", rows[i].first / steps, rows[i].second.c_str());
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 6) {
-    std::fprintf(stderr, "usage: bench_gpt2_step small|tiny STEPS THREADS BATCH SEQ [default|dense|checkpoint|bf16]\n");
+    std::fprintf(stderr,
+                 "usage: bench_gpt2_step small|tiny STEPS THREADS BATCH SEQ [default|dense|checkpoint|bf16] [profile]\n");
     return 2;
   }
   const std::string size = argv[1];
@@ -34,6 +85,7 @@ int main(int argc, char** argv) {
   std::printf("threads %d\n", at::get_num_threads());
   const int64_t batch = std::stoll(argv[4]), seq = std::stoll(argv[5]);
   const std::string mode = argc > 6 ? argv[6] : "default";
+  const bool profile = argc > 7 && std::string(argv[7]) == "profile";
   torch::manual_seed(0);
   Gpt2Config c;  // GPT-2 small (124M) by default
   if (size == "tiny") c.n_embd = 128, c.n_layer = 2, c.n_head = 2;
@@ -52,9 +104,16 @@ int main(int argc, char** argv) {
     for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();  // set_to_none, as torch's default
   };
   step();
+  const std::set<impl::ActivityType> activities{impl::ActivityType::CPU};
+  const impl::ProfilerConfig config(impl::ProfilerState::KINETO);
+  if (profile) {
+    prof::prepareProfiler(config, activities);
+    prof::enableProfiler(config, activities);
+  }
   auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < steps; ++i) step();
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / steps;
+  if (profile) print_self_times(prof::disableProfiler()->events(), steps);
   std::printf("ms_per_step %.1f\ntokens_per_s %.1f\n", ms, 1000.0 * batch * seq / ms);
   // Matmul FLOPs: per token and layer 8h^2 (QKV, proj) + 16h^2 (MLP, 4h) + 4 * seq * h
   // (causal scores and context computed in full), the tied head 2hV; backward twice the forward.

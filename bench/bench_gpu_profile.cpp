@@ -17,6 +17,7 @@
 #include <torch/csrc/autograd/profiler_kineto.h>
 
 #include "gpu_step_setup.h"
+#include "kineto_times.h"
 
 using namespace polytrain;
 using namespace polytrain::bench;
@@ -24,24 +25,6 @@ namespace prof = torch::autograd::profiler;
 namespace impl = torch::profiler::impl;
 
 namespace {
-
-// Kineto's event times: nanoseconds in LibTorch 2.x, microseconds in 1.x.
-template <typename E>
-auto start_ns(const E& e, int) -> decltype(e.startNs()) {
-  return e.startNs();
-}
-template <typename E>
-uint64_t start_ns(const E& e, long) {
-  return e.startUs() * 1000;
-}
-template <typename E>
-auto duration_ns(const E& e, int) -> decltype(e.durationNs()) {
-  return e.durationNs();
-}
-template <typename E>
-uint64_t duration_ns(const E& e, long) {
-  return e.durationUs() * 1000;
-}
 
 std::string lower(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });

@@ -1,9 +1,12 @@
 // attn_implementation (models/attention.h): sdpa gives the eager path's loss and gradients
 // for GPT-2 (causal alone, and causal + right padding), BERT (padding) and T5 (relative bias +
 // padding, causal decoder, cross-attention), bad values are InputErrors naming the key, and
-// "auto" keeps the exact path on the CPU. On a GPU the same switch picks the fused kernels;
-// bench/gpu_step.sh compares 200-step loss curves there.
+// "auto" keeps the exact path on the CPU except GPT-2's causal fp32 attention, which runs the
+// fused CPU kernel with the eager path's dropout mask. On a GPU the same switch picks the fused
+// kernels; bench/gpu_step.sh compares 200-step loss curves there.
 #include <algorithm>
+#include <set>
+#include <vector>
 #include <string>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -75,6 +78,48 @@ TEST(Attention, Gpt2SdpaMatchesEagerCausalAndPadded) {
     if (padded) labels.masked_fill_(mask.eq(0), -100);
     expect_same(*eager, eager->forward(ids, mask, labels).loss, *sdpa, sdpa->forward(ids, mask, labels).loss);
   }
+}
+
+// Whether the autograd graph behind `t` has a node whose name contains `name`.
+bool graph_has(const at::Tensor& t, const std::string& name) {
+  std::vector<torch::autograd::Node*> todo{t.grad_fn().get()};
+  std::set<torch::autograd::Node*> seen;
+  while (!todo.empty()) {
+    auto* n = todo.back();
+    todo.pop_back();
+    if (!n || !seen.insert(n).second) continue;
+    if (n->name().find(name) != std::string::npos) return true;
+    for (const auto& e : n->next_edges()) todo.push_back(e.function.get());
+  }
+  return false;
+}
+
+TEST(Attention, Gpt2AutoOnTheCpuIsTheFusedCausalKernelWithTheEagerDropout) {
+  for (const double p : {0.0, 0.2}) {
+    SCOPED_TRACE("dropout " + std::to_string(p));
+    auto ce = gpt2_tiny("eager"), ca = gpt2_tiny("auto");
+    ce.resid_pdrop = ce.embd_pdrop = ce.attn_pdrop = ca.resid_pdrop = ca.embd_pdrop = ca.attn_pdrop = p;
+    torch::manual_seed(3);
+    Gpt2LMHeadModel eager(ce);
+    torch::manual_seed(3);
+    Gpt2LMHeadModel fused(ca);
+    auto ids = torch::randint(0, 97, {3, 16}, torch::kLong);
+    // The same draws in the same order: every dropout mask, the attention's included, is the same.
+    torch::manual_seed(9);
+    auto le = eager->forward(ids, {}, ids).loss;
+    torch::manual_seed(9);
+    auto la = fused->forward(ids, {}, ids).loss;
+    EXPECT_TRUE(graph_has(la, "CausalAttentionFn"));
+    EXPECT_FALSE(graph_has(le, "CausalAttentionFn"));
+    expect_same(*eager, le, *fused, la);
+  }
+  // With padding, auto keeps the eager path.
+  torch::manual_seed(3);
+  Gpt2LMHeadModel model(gpt2_tiny("auto"));
+  auto ids = torch::randint(0, 97, {2, 8}, torch::kLong);
+  auto mask = torch::ones({2, 8}, torch::kLong);
+  mask.index_put_({1, torch::indexing::Slice(6, 8)}, 0);
+  EXPECT_FALSE(graph_has(model->forward(ids, mask, ids).loss, "CausalAttentionFn"));
 }
 
 TEST(Attention, BertSdpaMatchesEagerWithPadding) {

@@ -251,3 +251,20 @@ INSTANTIATE_TEST_SUITE_P(Engines, CpuGemm, ::testing::Values(Engine::kAten, Engi
                          [](const auto& info) {
                            return info.param == Engine::kAten ? "aten" : info.param == Engine::kBlas ? "blas" : "onednn";
                          });
+
+TEST(CpuGemmThreads, SingleThreadedHoldsTheCallingThreadToOneAndRestores) {
+  const int before = at::get_num_threads();
+  at::set_num_threads(2);
+  {
+    const cpu_gemm::SingleThreaded one;
+    EXPECT_EQ(at::get_num_threads(), 1);
+    // A product under it is the same product.
+    const auto a = torch::randn({64, 80}), b = torch::randn({80, 48});
+    auto c = torch::empty({64, 48});
+    cpu_gemm::sgemm('N', 'N', 64, 48, 80, 1.0f, a.data_ptr<float>(), 80, b.data_ptr<float>(), 48, 0.0f,
+                    c.data_ptr<float>(), 48);
+    EXPECT_LT((c.to(at::kDouble) - at::mm(a.to(at::kDouble), b.to(at::kDouble))).abs().max().item<double>(), 1e-4);
+  }
+  EXPECT_EQ(at::get_num_threads(), 2);
+  at::set_num_threads(before);
+}

@@ -1,5 +1,6 @@
 // polytrain's CPU kernels (ops/cpu_ops.h) against ATen's: GELU's tanh form forward and backward,
-// the cross-entropy chain, and the fused LM loss through them, in fp32 and bf16.
+// the cross-entropy chain, and the fused LM loss through them, in fp32 and bf16; the causal
+// attention against the eager math in double, with and without dropout.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,6 +9,7 @@
 #include <torch/torch.h>
 
 #include "polytrain/common/autocast.h"
+#include "polytrain/models/cpu_dropout.h"
 #include "polytrain/models/fused_lm_loss.h"
 #include "polytrain/ops/cpu_ops.h"
 
@@ -210,4 +212,86 @@ TEST(CpuOps, FusedLmLossThroughTheKernelsEqualsTheAtenPath) {
     EXPECT_LT(max_abs(gh[1], gh[0]), tol * gh[0].abs().max().item<double>()) << bf16;
     EXPECT_LT(max_abs(gw[1], gw[0]), tol * gw[0].abs().max().item<double>()) << bf16;
   }
+}
+
+namespace {
+
+// The eager path's math on qkv [B, L, 3 H D]: scores, the causal mask, softmax, dropout (the
+// multiplier tensor `keep`, or none), context [B, L, H D].
+at::Tensor eager_attention(const at::Tensor& qkv, int64_t heads, double scale, const at::Tensor& keep) {
+  const int64_t b = qkv.size(0), l = qkv.size(1);
+  auto parts = qkv.split(qkv.size(2) / 3, 2);
+  auto split = [&](const at::Tensor& t) { return t.view({b, l, heads, -1}).transpose(1, 2); };
+  auto scores = torch::matmul(split(parts[0]), split(parts[1]).transpose(-1, -2)) * scale;
+  auto future = torch::ones({l, l}, torch::kBool).triu(1);
+  auto probs = torch::softmax(scores.masked_fill(future, -std::numeric_limits<double>::infinity()), -1);
+  if (keep.defined()) probs = probs * keep.to(probs.scalar_type());
+  return torch::matmul(probs, split(parts[2])).transpose(1, 2).reshape({b, l, -1});
+}
+
+struct AttnCase {
+  int64_t b, l, h, d;
+};
+
+}  // namespace
+
+TEST(CpuOps, CausalAttentionMatchesTheEagerMathForwardAndBackward) {
+  KernelsOn on;
+  // One tile and less, a partial last tile with a vector tail, four whole tiles, a single token.
+  for (const AttnCase c : {AttnCase{2, 70, 2, 16}, AttnCase{1, 130, 3, 24}, AttnCase{2, 256, 2, 64}, AttnCase{1, 1, 2, 8},
+                           AttnCase{3, 17, 1, 4}}) {
+    torch::manual_seed(21);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.d)) * 0.7;
+    auto qkv = (torch::randn({c.b, c.l, 3 * c.h * c.d}) * 2).requires_grad_(true);
+    auto g = torch::randn({c.b, c.l, c.h * c.d});
+    auto out = cpu_ops::causal_attention(qkv, c.h, scale, 0.0, 0);
+    out.backward(g);
+    auto ref_in = qkv.detach().to(at::kDouble).requires_grad_(true);
+    auto ref = eager_attention(ref_in, c.h, scale, at::Tensor());
+    ref.backward(g.to(at::kDouble));
+    const std::string what = std::to_string(c.b) + "x" + std::to_string(c.l) + " h" + std::to_string(c.h);
+    EXPECT_LT(max_abs(out, ref), 2e-6 * ref.abs().max().item<double>()) << what;
+    EXPECT_LT(max_abs(qkv.grad(), ref_in.grad()), 2e-5 * ref_in.grad().abs().max().item<double>()) << what;
+    // A query's context does not see later keys or values: change the last token's k and v.
+    auto moved = qkv.detach().clone();
+    moved.select(1, c.l - 1).narrow(0, 0, 1).narrow(-1, c.h * c.d, 2 * c.h * c.d).add_(5.0);
+    auto out2 = cpu_ops::causal_attention(moved, c.h, scale, 0.0, 0);
+    EXPECT_TRUE(torch::equal(out2.narrow(1, 0, c.l - 1), out.detach().narrow(1, 0, c.l - 1))) << what;
+  }
+}
+
+TEST(CpuOps, CausalAttentionDropsWhatCpuDropoutDropsForTheSameSeed) {
+  KernelsOn on;
+  const int64_t b = 2, l = 100, h = 3, d = 16;
+  const double p = 0.3, scale = 0.25;
+  torch::manual_seed(5);
+  auto qkv = torch::randn({b, l, 3 * h * d}).requires_grad_(true);
+  auto g = torch::randn({b, l, h * d});
+  // cpu_dropout's multipliers on a [B, H, L, L] tensor of ones, from the seed the kernel draws.
+  torch::manual_seed(77);
+  auto keep = cpu_dropout(torch::ones({b, h, l, l}), p);
+  torch::manual_seed(77);
+  const uint64_t seed = dropout_seed(nullptr);
+  auto out = cpu_ops::causal_attention(qkv, h, scale, p, seed);
+  out.backward(g);
+  auto ref_in = qkv.detach().to(at::kDouble).requires_grad_(true);
+  auto ref = eager_attention(ref_in, h, scale, keep);
+  ref.backward(g.to(at::kDouble));
+  EXPECT_LT(max_abs(out, ref), 2e-6 * ref.abs().max().item<double>());
+  EXPECT_LT(max_abs(qkv.grad(), ref_in.grad()), 2e-5 * ref_in.grad().abs().max().item<double>());
+  // The mask is not all ones: without it the result differs.
+  auto plain = eager_attention(qkv.detach().to(at::kDouble), h, scale, at::Tensor());
+  EXPECT_GT(max_abs(plain, ref), 0.1);
+}
+
+TEST(CpuOps, CausalAttentionRefusesWhatItDoesNotTake) {
+  KernelsOn on;
+  EXPECT_FALSE(cpu_ops::causal_attention_handles(torch::randn({1, 4, 3 * 8}).to(at::kBFloat16), 2));
+  EXPECT_FALSE(cpu_ops::causal_attention_handles(torch::randn({1, 4, 25}), 2));
+  EXPECT_FALSE(cpu_ops::causal_attention_handles(torch::randn({4, 24}), 2));
+  EXPECT_TRUE(cpu_ops::causal_attention_handles(torch::randn({1, 4, 24}), 2));
+  EXPECT_THROW(cpu_ops::causal_attention(torch::randn({1, 4, 25}), 2, 1.0, 0.0, 0), std::exception);
+  EXPECT_THROW(cpu_ops::causal_attention(torch::randn({1, 4, 24}), 2, 1.0, 1.0, 0), std::exception);
+  cpu_ops::set_enabled(false);
+  EXPECT_FALSE(cpu_ops::causal_attention_handles(torch::randn({1, 4, 24}), 2));
 }

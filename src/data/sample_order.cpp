@@ -1,24 +1,16 @@
 // SplitMix64-based counter RNG, seed mixing and the epoch permutation (see sample_order.h).
-// The constants are SplitMix64's (java.util.SplittableRandom); changing them changes every
-// data order and mask, so they are fixed forever.
 #include "polytrain/data/sample_order.h"
 
 #include <utility>
 
 #include "polytrain/common/error.h"
+#include "polytrain/common/splitmix.h"
 
 namespace polytrain {
 namespace {
 
-constexpr uint64_t kGoldenGamma = 0x9E3779B97F4A7C15ULL;
 // Domain tag so permutation keys never coincide with keys built by other users of mix_seed.
 constexpr uint64_t kPermutationDomain = 0x7065726D75746531ULL;  // "permute1"
-
-uint64_t splitmix_finalise(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
 
 }  // namespace
 

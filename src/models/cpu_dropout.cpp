@@ -10,21 +10,15 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "polytrain/common/error.h"
+#include "polytrain/common/splitmix.h"
 #include "polytrain/optim/worker_pool.h"
 
 namespace polytrain {
 
 namespace {
 
-constexpr uint64_t kGamma = 0x9e3779b97f4a7c15ULL;  // SplitMix64's increment
 constexpr int64_t kBlock = 16;                       // elements a block: 8 words, low halves then high halves
 constexpr int64_t kGrainBlocks = 4096;               // at least 64K elements a thread
-
-inline uint64_t splitmix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
 
 inline float bf16_to_float(uint16_t b) {
   uint32_t u = static_cast<uint32_t>(b) << 16;
@@ -59,7 +53,7 @@ __attribute__((always_inline)) inline void blocks(const Job& j, const T* in, T* 
   for (int64_t b = b0; b < b1; ++b, in += kBlock, out += kBlock) {
     Acc m[kBlock];  // the block's multipliers: s or 0
     for (int k = 0; k < 8; ++k) {
-      const uint64_t w = splitmix64(j.seed + static_cast<uint64_t>(8 * b + k) * kGamma);
+      const uint64_t w = splitmix_finalise(j.seed + static_cast<uint64_t>(8 * b + k) * kGoldenGamma);
       m[k] = static_cast<uint32_t>(w) < thr ? s : Acc(0);
       m[8 + k] = static_cast<uint32_t>(w >> 32) < thr ? s : Acc(0);
     }
@@ -122,8 +116,7 @@ void run_blocks(const void* ctx, int64_t b0, int64_t b1) {
 at::Tensor masked(const at::Tensor& x, uint64_t seed, double p) {
   const auto in = x.contiguous();
   auto out = at::empty_like(in, at::MemoryFormat::Contiguous);
-  Job job{in.data_ptr(), out.data_ptr(), in.numel(), seed,
-          static_cast<uint32_t>(std::floor((1.0 - p) * 4294967296.0)), 1.0 / (1.0 - p)};
+  Job job{in.data_ptr(), out.data_ptr(), in.numel(), seed, dropout_keep_threshold(p), 1.0 / (1.0 - p)};
   const int64_t units = (job.n + kBlock - 1) / kBlock;
   const int parts = cpu_pool::parts_for(units, kGrainBlocks);
   switch (in.scalar_type()) {
@@ -152,20 +145,22 @@ struct CpuDropoutFn : torch::autograd::Function<CpuDropoutFn> {
 
 }  // namespace
 
-uint64_t dropout_mask_word(uint64_t seed, uint64_t word_index) { return splitmix64(seed + word_index * kGamma); }
+uint64_t dropout_mask_word(uint64_t seed, uint64_t word_index) { return splitmix_finalise(seed + word_index * kGoldenGamma); }
 
 at::Tensor cpu_dropout(const at::Tensor& x, double p, at::Generator* generator) {
   PT_CHECK(p >= 0.0 && p <= 1.0, "dropout: probability must be in [0, 1], got ", p);
   PT_CHECK(x.device().is_cpu(), "cpu_dropout: the tensor is on ", x.device());
   if (p == 0.0) return x;
   if (p == 1.0) return x * at::zeros_like(x);
-  at::Generator gen = generator ? *generator : at::detail::getDefaultCPUGenerator();
-  uint64_t seed = 0;
-  {
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    seed = at::check_generator<at::CPUGeneratorImpl>(gen)->random64();
-  }
-  return CpuDropoutFn::apply(x, p, static_cast<int64_t>(seed));
+  return CpuDropoutFn::apply(x, p, static_cast<int64_t>(dropout_seed(generator)));
 }
+
+uint64_t dropout_seed(at::Generator* generator) {
+  at::Generator gen = generator ? *generator : at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return at::check_generator<at::CPUGeneratorImpl>(gen)->random64();
+}
+
+uint32_t dropout_keep_threshold(double p) { return static_cast<uint32_t>(std::floor((1.0 - p) * 4294967296.0)); }
 
 }  // namespace polytrain

@@ -17,6 +17,15 @@ namespace polytrain {
 /// for word 8 b + k % 8. Exposed for the tests.
 uint64_t dropout_mask_word(uint64_t seed, uint64_t word_index);
 
+/// The seed of one dropout call: one 64-bit draw from `generator` (the default CPU generator
+/// when null). A kernel that applies the same dropout inside a fused operation (the CPU
+/// attention) draws its seed here, and keeps element e when mask word e's half is below
+/// dropout_keep_threshold(p), so its mask is cpu_dropout's for that seed.
+uint64_t dropout_seed(at::Generator* generator);
+
+/// floor((1 - p) * 2^32): a 32-bit half below it keeps its element.
+uint32_t dropout_keep_threshold(double p);  // p in (0, 1]
+
 /// x with each element zeroed with probability p and the rest scaled by 1 / (1 - p), in x's
 /// dtype (the product in float for bf16/fp16, as ATen's opmath does), on the CPU kernels'
 /// thread pool (worker_pool.h) with AVX-512 / AVX2 variants chosen at run time; the mask does

@@ -31,11 +31,12 @@ struct Grads {
 // FLOPs as the dense path); weight 0 rows (ignore_index) drop out of loss and gradients.
 // One [chunk, V] logits buffer and one log-probability buffer are reused for every chunk.
 // The gradient buffers the chunk loops fill (dh written row by row, dW and db accumulated).
+// dw_overwritten: the first chunk writes dW (no zeros first, no accumulation into them).
 void alloc_grads(Grads* g, const at::Tensor& h, const at::Tensor& w, const at::Tensor& b, bool need_h, bool need_w,
-                 bool need_b) {
+                 bool need_b, bool dw_overwritten = false) {
   if (!g) return;
   if (need_h) g->dh = at::empty_like(h);
-  if (need_w) g->dw = at::zeros_like(w);
+  if (need_w) g->dw = dw_overwritten && h.size(0) > 0 ? at::empty_like(w) : at::zeros_like(w);
   if (need_b && b.defined()) g->db = at::zeros_like(b);
 }
 
@@ -110,7 +111,7 @@ at::Tensor chunked_loss(const at::Tensor& h, const at::Tensor& w, const at::Tens
     return reduced_chunked_loss(h, w, b, y, row_weight, chunk, need_h, need_w, need_b, g, reduced);
   const int64_t n = h.size(0), v = w.size(0);
   auto loss = at::zeros({}, h.options());
-  alloc_grads(g, h, w, b, need_h, need_w, need_b);
+  alloc_grads(g, h, w, b, need_h, need_w, need_b, /*dw_overwritten=*/cpu_ops::handles(h));
   if (n == 0) return loss;
   chunk = std::min(chunk, n);
   auto wt = w.t();
@@ -127,7 +128,8 @@ at::Tensor chunked_loss(const at::Tensor& h, const at::Tensor& w, const at::Tens
         auto dhc = g->dh.narrow(0, i, c);
         at::mm_out(dhc, gl, w);
       }
-      if (need_w) g->dw.addmm_(gl.t(), hc);
+      if (need_w && i == 0) at::mm_out(g->dw, gl.t(), hc);
+      else if (need_w) g->dw.addmm_(gl.t(), hc);
       if (g->db.defined()) g->db.add_(gl.sum(0));
     }
     return loss;
@@ -161,13 +163,14 @@ at::Tensor chunked_loss(const at::Tensor& h, const at::Tensor& w, const at::Tens
 }
 
 // CPU: ~32 MB of fp32 logits per chunk (cache-sized), with a log-probability buffer beside it.
-// CPU through cpu_ops: ~128 MB of logits (fp32 or bf16) and nothing beside them: the kernel
+// CPU through cpu_ops: ~256 MB of logits (fp32 or bf16) and nothing beside them: the kernel
 // works row by row in cache, and each chunk is one more pass over the fp32 [V, H] dW and a
 // GEMM whose inner size is the chunk's rows (GPT-2 at 1024 tokens, bf16: 7 chunks and 158 ms
-// of dW additions a step became 1 chunk). GPU: ~1 GiB, so each chunk's matmuls fill the device
+// of dW additions a step became 1 chunk; fp32: 2 chunks cost 5% of the head's forward and
+// backward against the dense path, 1 chunk 2%). GPU: ~1 GiB, so each chunk's matmuls fill the device
 // (GPT-2: ~5300 rows, a dozen chunks at 64 x 1024 tokens).
 int64_t default_chunk(int64_t v, bool gpu, at::ScalarType mm) {
-  const int64_t bytes = gpu ? int64_t{1} << 30 : cpu_ops::enabled() ? int64_t{128} << 20 : int64_t{32} << 20;
+  const int64_t bytes = gpu ? int64_t{1} << 30 : cpu_ops::enabled() ? int64_t{256} << 20 : int64_t{32} << 20;
   return std::max<int64_t>(16, bytes / ((gpu || mm == at::kFloat ? 4 : 2) * std::max<int64_t>(v, 1)));
 }
 

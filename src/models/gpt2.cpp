@@ -12,6 +12,8 @@
 #include "polytrain/models/hf_layers.h"
 #include "polytrain/models/layer_params.h"
 #include "polytrain/models/hf_pretrained.h"
+#include "polytrain/models/cpu_dropout.h"
+#include "polytrain/ops/cpu_ops.h"
 #include "polytrain/ops/cuda_ops.h"
 #include "polytrain/common/autocast.h"
 
@@ -61,6 +63,15 @@ Gpt2AttentionImpl::Gpt2AttentionImpl(const Gpt2Config& cfg, int64_t layer_idx) :
 at::Tensor Gpt2AttentionImpl::forward(const at::Tensor& x, const at::Tensor& masked) {
   const int64_t b = x.size(0), l = x.size(1);
   auto fused = c_attn(x);  // [B, L, 3 x (local heads x head_dim)]
+  // The CPU's default in fp32 under the causal mask alone: the fused causal kernel (the eager
+  // math, only the scores a query sees, q, k, v read in place; the same dropout mask).
+  const int64_t local_heads = fused.size(-1) / 3 / head_dim_;
+  if (attn_impl_ == AttnImpl::kAuto && masked.size(0) == 1 && cpu_ops::causal_attention_handles(fused, local_heads) &&
+      attn_dropout->p < 1.0) {
+    const bool drop = attn_dropout->is_training() && attn_dropout->p > 0.0;
+    const uint64_t seed = drop ? dropout_seed(attn_dropout->generator ? &*attn_dropout->generator : nullptr) : 0;
+    return resid_dropout(c_proj(cpu_ops::causal_attention(fused, local_heads, scale_, drop ? attn_dropout->p : 0.0, seed)));
+  }
   auto qkv = fused.split(fused.size(-1) / 3, 2);
   auto heads = [&](const at::Tensor& t) { return t.view({b, l, -1, head_dim_}).transpose(1, 2); };
   auto q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);

@@ -28,6 +28,7 @@
 
 #include "polytrain/common/blas_kernel.h"
 #include "polytrain/common/error.h"
+#include "polytrain/optim/worker_pool.h"
 
 namespace polytrain::cpu_gemm {
 namespace {
@@ -58,6 +59,18 @@ using SgemmFn = void (*)(const char*, const char*, const int*, const int*, const
                          const int*, const float*, const int*, const float*, float*, const int*);
 SgemmFn blas_sgemm() {
   static const auto fn = reinterpret_cast<SgemmFn>(dlsym(RTLD_DEFAULT, "sgemm_"));
+  return fn;
+}
+
+// OpenMP's thread count of the calling thread, from the runtime libtorch loaded (null without one).
+using OmpGetFn = int (*)();
+using OmpSetFn = void (*)(int);
+OmpGetFn omp_get() {
+  static const auto fn = reinterpret_cast<OmpGetFn>(dlsym(RTLD_DEFAULT, "omp_get_max_threads"));
+  return fn;
+}
+OmpSetFn omp_set() {
+  static const auto fn = reinterpret_cast<OmpSetFn>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
   return fn;
 }
 
@@ -227,18 +240,29 @@ std::optional<BatchPlan> batch_plan(const Tensor& self, const Tensor& mat2) {
   return BatchPlan{e, *oa, *ob, batch, m, n, k, self.stride(0), mat2.stride(0)};
 }
 
-// Into a contiguous [batch, m, n] `out`. Inside the parallel region both libraries run
-// single-threaded (they test omp_in_parallel).
+struct BatchJob {
+  const BatchPlan* plan;
+  float* c;
+};
+
+// Products [begin, end) on one pool thread, each on that thread alone.
+void run_batch_part(const void* ctx, int64_t begin, int64_t end) {
+  const BatchJob& j = *static_cast<const BatchJob*>(ctx);
+  const BatchPlan& p = *j.plan;
+  const SingleThreaded one;
+  for (int64_t i = begin; i < end; ++i) {
+    Operand a = p.a, b = p.b;
+    a.data += i * p.stride_a;
+    b.data += i * p.stride_b;
+    gemm(p.engine, a, b, p.m, p.n, p.k, 1.0f, 0.0f, j.c + i * p.m * p.n, p.n);
+  }
+}
+
+// Into a contiguous [batch, m, n] `out`, the products split over cpu_pool's threads (not
+// at::parallel_for: without -fopenmp it runs serially in polytrain's code).
 void run_batch(const BatchPlan& p, Tensor& out) {
-  float* c = out.data_ptr<float>();
-  at::parallel_for(0, p.batch, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      Operand a = p.a, b = p.b;
-      a.data += i * p.stride_a;
-      b.data += i * p.stride_b;
-      gemm(p.engine, a, b, p.m, p.n, p.k, 1.0f, 0.0f, c + i * p.m * p.n, p.n);
-    }
-  });
+  const BatchJob job{&p, out.data_ptr<float>()};
+  cpu_pool::run(run_batch_part, &job, p.batch, cpu_pool::parts_for(p.batch, 1));
 }
 
 Tensor bmm(const Tensor& self, const Tensor& mat2) {
@@ -297,6 +321,25 @@ const bool installed = install();
 }  // namespace
 
 bool have_onednn() { return POLYTRAIN_WITH_DNNL != 0; }
+
+SingleThreaded::SingleThreaded() {
+  if (omp_get() && omp_set()) {
+    saved_ = omp_get()();
+    omp_set()(1);
+  }
+}
+
+SingleThreaded::~SingleThreaded() {
+  if (saved_ > 0) omp_set()(saved_);
+}
+
+void sgemm(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+           const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  const Engine e = current().load(std::memory_order_relaxed) == Engine::kOneDnn ? Engine::kOneDnn : Engine::kBlas;
+  PT_CHECK(e == Engine::kOneDnn || blas_sgemm(), "cpu_gemm::sgemm: no BLAS sgemm_ in this process");
+  PT_CHECK(e == Engine::kOneDnn || fits_blas_ints({m, n, k, lda, ldb, ldc}), "cpu_gemm::sgemm: a size exceeds the BLAS's int");
+  gemm(e, Operand{a, trans_a, lda}, Operand{b, trans_b, ldb}, m, n, k, alpha, beta, c, ldc);
+}
 
 Engine choose_engine(const CpuFeatures& cpu, bool with_onednn, const char* env) {
   if (env && *env)

@@ -36,6 +36,30 @@ Engine engine();
 /// returns the one before.
 Engine set_engine(Engine e);
 
+/// C[m, n] = alpha op(A) op(B) + beta C on row-major operands ('N': A is m x k, rows `lda`
+/// apart; 'T': A is stored k x m; the same for B; beta 0 ignores C) on the engine's library:
+/// oneDNN's sgemm with kOneDnn, else the BLAS's. Both run it on as many threads as the calling
+/// thread's OpenMP thread count; under SingleThreaded, on the calling thread alone. For kernels
+/// that run many small products each on one thread of the pool (cpu_attention).
+void sgemm(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+           const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+/// While alive, the calling thread's OpenMP thread count is 1 (libgomp's, which libtorch,
+/// oneDNN and OpenBLAS share, found at run time), so the GEMM libraries run on this thread
+/// alone; restored after. polytrain is not built with OpenMP: at::parallel_for runs serially
+/// in its code, and a kernel's threads are cpu_pool's (optim/worker_pool.h), where a library's
+/// own threads would only oversubscribe the cores.
+class SingleThreaded {
+ public:
+  SingleThreaded();
+  ~SingleThreaded();
+  SingleThreaded(const SingleThreaded&) = delete;
+  SingleThreaded& operator=(const SingleThreaded&) = delete;
+
+ private:
+  int saved_ = 0;
+};
+
 /// Whether this build has oneDNN's sgemm.
 bool have_onednn();
 

@@ -1,9 +1,11 @@
-// Fused CPU operations on polytrain's own vector kernels (ops/cpu_ops.cpp), for the two chains
+// Fused CPU operations on polytrain's own vector kernels (ops/cpu_ops.cpp), for the chains
 // where ATen's CPU kernels in Debian's libtorch are slowest in a transformer step:
 // - GELU's tanh form (GPT-2's gelu_new), forward and backward: ATen's runs 4x (fp32) to 10x
 //   (bf16) slower than its erf form (GPT-2 124M, bf16, batch 4 x 256: 265 ms of a 1865 ms step);
 // - the LM loss's cross-entropy chain (log-softmax, gather, exp, scatter, dtype casts: ~400 ms
-//   of the same step over the [tokens, 50257] logits).
+//   of the same step over the [tokens, 50257] logits);
+// - GPT-2's causal attention (cpu_attention.cpp): scores, mask, softmax, dropout and context
+//   in one pass per head, only the scores a query sees, no head transposes.
 // The math is fp32 whatever the storage (fp32 or bf16), on 16 lanes whatever the vector unit
 // (AVX-512, or two AVX2 registers: the same operations, so the same bits), on the thread pool
 // of the other CPU kernels (optim/worker_pool.h). Other dtypes and devices keep ATen's paths.
@@ -37,6 +39,20 @@ at::Tensor gelu_tanh(const at::Tensor& x);
 /// in [0, cols); row_weight fp32 [rows]. The same contract as cuda_ops::xent_grad_.
 at::Tensor xent_grad_(const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& row_weight,
                       bool grad = true);
+
+/// Whether causal_attention takes qkv with `heads` heads: enabled kernels, an fp32 CPU
+/// [B, L, 3 x heads x D] tensor.
+bool causal_attention_handles(const at::Tensor& qkv, int64_t heads);
+
+/// GPT-2's causal self-attention from its fused projection qkv [B, L, 3 E] (q, k, v side by
+/// side, each `heads` heads of D = E / heads): softmax(q k^T * scale) with query i seeing keys
+/// <= i, dropout of the probabilities with probability dropout_p in [0, 1) (cpu_dropout's mask
+/// for `seed`, so the same elements as cpu_dropout(probs, dropout_p) drawing that seed), times
+/// v; returns ctx [B, L, E] with the heads side by side. Differentiable in qkv. The math of
+/// the eager path (fp32 throughout; e^x to ~1 ulp) in row blocks that compute only the scores
+/// their queries see, reading q, k, v in place (cpu_attention.cpp). Saves qkv and the
+/// probabilities [B, heads, L, L], as the eager path does.
+at::Tensor causal_attention(const at::Tensor& qkv, int64_t heads, double scale, double dropout_p, uint64_t seed);
 
 /// dst += src for a contiguous fp32 dst and a bf16 (or fp32) src of its shape, without the
 /// fp32 copy of src that ATen's mixed-dtype add_ makes first. Enabled kernels only.
