@@ -14,6 +14,7 @@
 #   + checkpointing      polytrain's default with every block recomputed in backward
 # "vs tuned" is tokens/s over tuned Python's (goal >= 1.2); "of GEMM peak" is the matmul FLOPs
 # per second against this machine's fp32 GEMM measured in the same run (bench/gemm_peak.h).
+# Last, one layer's attention forward + backward: the eager ops against the fused causal kernel.
 # Usage: bench/gpt2_step.sh [BUILD_DIR]   env: BATCH (4), SEQ (256), STEPS (3), ROUNDS (2)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -54,3 +55,5 @@ row "polytrain (fused LM loss)" ours
 row "polytrain, same math (dense)" dense
 row "polytrain, ATen's GEMM" atengemm
 row "polytrain + checkpointing" ckpt
+# One layer's attention alone (the fused causal kernel the default runs, against the eager ops).
+"$BUILD/bench_gpt2_step" small 10 0 "$BATCH" "$SEQ" attention

@@ -154,21 +154,22 @@ Tile tile(const Shape& s, int64_t i) {
 }
 
 // The probabilities a GEMM takes for tile t's rows (row stride L): as they are without
-// dropout; with it, their dropped copy in w (row stride t.nc), and `also` (rows of t.nc, or
+// dropout; with it, their dropped copy in w (row stride ldw), and `also` (rows ldw apart, or
 // null) multiplied by the same mask in place.
 struct Operand {
   const float* data;
   int64_t ld;
 };
-PT_VEC Operand dropped(const Job& j, int64_t bh, const Tile& t, const float* rows, float* w, float* mult, float* also) {
+PT_VEC Operand dropped(const Job& j, int64_t bh, const Tile& t, const float* rows, float* w, int64_t ldw, float* mult,
+                       float* also) {
   const int64_t L = j.s.len;
   if (!j.drop.on) return {rows, L};
   for (int64_t r = 0; r < t.nr; ++r) {
     keep_multipliers(j.drop, (bh * L + t.r0 + r) * L, t.nc, mult);
-    multiply_row(w + r * t.nc, rows + r * L, mult, t.nc);
-    if (also) multiply_row(also + r * t.nc, also + r * t.nc, mult, t.nc);
+    multiply_row(w + r * ldw, rows + r * L, mult, t.nc);
+    if (also) multiply_row(also + r * ldw, also + r * ldw, mult, t.nc);
   }
-  return {w, t.nc};
+  return {w, ldw};
 }
 
 struct Forward {
@@ -187,18 +188,20 @@ struct Forward {
         float* rows = p + t.r0 * L;
         cpu_gemm::sgemm('N', 'T', t.nr, t.nc, s.dim, j.scale, q + t.r0 * ld, ld, k, ld, 0.0f, rows, L);
         for (int64_t r = 0; r < t.nr; ++r) softmax_row(rows + r * L, t.r0 + r + 1, t.nc);
-        const Operand a = dropped(j, bh, t, rows, w.data(), mult.data(), nullptr);
+        const Operand a = dropped(j, bh, t, rows, w.data(), t.nc, mult.data(), nullptr);
         cpu_gemm::sgemm('N', 'N', t.nr, s.dim, t.nc, 1.0f, a.data, a.ld, v, ld, 0.0f, o + t.r0 * E, E);
       }
     }
   }
 };
 
+// Two passes a (b, h): by query tile, d scores (kept whole, [L, L]) and dQ; then by key tile,
+// dK and dV, each one product over every query row that sees the tile's keys.
 struct Backward {
   static PT_VEC void run(const Job& j, int64_t bh0, int64_t bh1) {
     const Shape& s = j.s;
     const int64_t E = s.e(), ld = 3 * E, L = s.len;
-    std::vector<float> g(static_cast<size_t>(kTile * L)), w(j.drop.on ? static_cast<size_t>(kTile * L) : 0),
+    std::vector<float> ds(static_cast<size_t>(L * L)), w(j.drop.on ? static_cast<size_t>(L * L) : 0),
         mult(j.drop.on ? L : 0);
     for (int64_t bh = bh0; bh < bh1; ++bh) {
       const int64_t b = bh / s.heads, h = bh % s.heads;
@@ -208,18 +211,24 @@ struct Backward {
       const float* go = j.grad + b * L * E + h * s.dim;
       float* dq = j.dqkv + b * L * ld + h * s.dim;
       float *dk = dq + E, *dv = dq + 2 * E;
-      for (int64_t i = s.tiles() - 1; i >= 0; --i) {
+      // The probabilities dV takes: the dropped ones (w) with dropout.
+      const float* pv = j.drop.on ? w.data() : p;
+      for (int64_t i = 0; i < s.tiles(); ++i) {
         const Tile t = tile(s, i);
-        const float beta = i == s.tiles() - 1 ? 0.0f : 1.0f;  // the last tile sees every key: it starts dK, dV
         const float* rows = p + t.r0 * L;
-        // d(dropped probs) = dO V^T; dV += dropped probs^T dO.
-        cpu_gemm::sgemm('N', 'T', t.nr, t.nc, s.dim, 1.0f, go + t.r0 * E, E, v, ld, 0.0f, g.data(), t.nc);
-        const Operand a = dropped(j, bh, t, rows, w.data(), mult.data(), g.data());
-        cpu_gemm::sgemm('T', 'N', t.nc, s.dim, t.nr, 1.0f, a.data, a.ld, go + t.r0 * E, E, beta, dv, ld);
-        // d scores (scaled) = P * (dP - rowsum(P dP)) * scale; dQ = dS K; dK += dS^T Q.
-        for (int64_t r = 0; r < t.nr; ++r) softmax_grad_row(rows + r * L, g.data() + r * t.nc, t.nc, j.scale);
-        cpu_gemm::sgemm('N', 'N', t.nr, s.dim, t.nc, 1.0f, g.data(), t.nc, k, ld, 0.0f, dq + t.r0 * ld, ld);
-        cpu_gemm::sgemm('T', 'N', t.nc, s.dim, t.nr, 1.0f, g.data(), t.nc, q + t.r0 * ld, ld, beta, dk, ld);
+        float* g = ds.data() + t.r0 * L;
+        // d(dropped probs) = dO V^T; d scores = P * (dP - rowsum(P dP)) * scale; dQ = dS K.
+        cpu_gemm::sgemm('N', 'T', t.nr, t.nc, s.dim, 1.0f, go + t.r0 * E, E, v, ld, 0.0f, g, L);
+        dropped(j, bh, t, rows, w.data() + t.r0 * L, L, mult.data(), g);
+        for (int64_t r = 0; r < t.nr; ++r) softmax_grad_row(rows + r * L, g + r * L, t.nc, j.scale);
+        cpu_gemm::sgemm('N', 'N', t.nr, s.dim, t.nc, 1.0f, g, L, k, ld, 0.0f, dq + t.r0 * ld, ld);
+      }
+      // Key tile c: the rows from its first key on see it (the entries above the diagonal are 0).
+      for (int64_t c = 0; c < s.tiles(); ++c) {
+        const Tile t = tile(s, c);
+        const int64_t k0 = t.r0, nk = t.nr, rows = L - k0;
+        cpu_gemm::sgemm('T', 'N', nk, s.dim, rows, 1.0f, ds.data() + k0 * L + k0, L, q + k0 * ld, ld, 0.0f, dk + k0 * ld, ld);
+        cpu_gemm::sgemm('T', 'N', nk, s.dim, rows, 1.0f, pv + k0 * L + k0, L, go + k0 * E, E, 0.0f, dv + k0 * ld, ld);
       }
     }
   }
