@@ -2,7 +2,7 @@
 // thread each (cpu_pool's threads over B x H, the GEMM libraries held to the calling thread):
 // the queries in row blocks of kTile, each block's scores against only the keys it sees, the
 // softmax (and dropout) in place on the block's rows, and its context. The backward runs the
-// same blocks from the last, accumulating the key and value gradients. q, k and v are read
+// query blocks for the score gradients and dQ, then key blocks for dK and dV. q, k and v are read
 // where the fused projection wrote them (rows 3 H D apart) and ctx is written in place, so the
 // head transposes and their copies of the eager path go away, and the scores above the
 // diagonal are never computed (5/8 of the products at L = 4 tiles).
