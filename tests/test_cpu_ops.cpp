@@ -103,7 +103,9 @@ TEST(CpuOps, Avx2AndAvx512GiveTheSameBits) {
   auto logits = torch::randn({6, 333}) * 4;
   auto y = torch::randint(0, 333, {6}, torch::kLong);
   auto w = torch::full({6}, 0.25f);
-  at::Tensor out[2][5];
+  auto qkv = torch::randn({2, 70, 3 * 2 * 16});
+  auto ga = torch::randn({2, 70, 2 * 16});
+  at::Tensor out[2][7];
   for (int level = 1; level <= 2; ++level) {
     EXPECT_EQ(cpu_ops::set_vector_level(level), level);
     for (const auto dtype : {at::kFloat, at::kBFloat16}) {
@@ -118,9 +120,14 @@ TEST(CpuOps, Avx2AndAvx512GiveTheSameBits) {
     out[level - 1][3] = gl;
     cpu_ops::xent_grad_(gf, y, w);
     out[level - 1][4] = gf;
+    auto q = qkv.clone().requires_grad_(true);
+    auto att = cpu_ops::causal_attention(q, 2, 0.3, 0.2, 99);
+    att.backward(ga);
+    out[level - 1][5] = att.detach();
+    out[level - 1][6] = q.grad();
   }
   cpu_ops::set_vector_level(-1);
-  for (int k = 0; k < 5; ++k) EXPECT_TRUE(torch::equal(out[0][k], out[1][k])) << k;
+  for (int k = 0; k < 7; ++k) EXPECT_TRUE(torch::equal(out[0][k], out[1][k])) << k;
 }
 
 TEST(CpuOps, GeluPropagatesNan) {

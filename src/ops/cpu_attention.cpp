@@ -78,39 +78,40 @@ PT_VEC vf load_n(const float* p, int64_t r, float pad) {
 }
 PT_VEC void store_n(float* p, vf v, int64_t r) {
   float buf[kLanes];
-  store(buf, v);
+  store<2>(buf, v);
   std::memcpy(p, buf, r * sizeof(float));
 }
 
 // (No lambdas below: a lambda would not inherit the AVX-512 / AVX2 target of its caller.)
 
 // Row x[0, nc): softmax over its first n entries (the keys the query sees), 0 beyond.
+template <int Isa>
 PT_VEC void softmax_row(float* x, int64_t n, int64_t nc) {
   const float inf = std::numeric_limits<float>::infinity();
   const int64_t whole = n / kLanes * kLanes, tail = n - whole;
   vf m = splat(-inf);
   for (int64_t c = 0; c < whole; c += kLanes) {
     const vf v = load(x + c);
-    m = running_max(m, v);
+    m = running_max<Isa>(m, v);
   }
   if (tail) {
     const vf v = load_n(x + whole, tail, -inf);
-    m = running_max(m, v);
+    m = running_max<Isa>(m, v);
   }
   const float mx = lanes_max(m);
   vf s = splat(0.0f);
   for (int64_t c = 0; c < whole; c += kLanes) {
-    const vf e = vexp(load(x + c) - mx);
+    const vf e = vexp<Isa>(load(x + c) - mx);
     s += e;
-    store(x + c, e);
+    store<Isa>(x + c, e);
   }
   vf et{};
   if (tail) {
-    et = vexp(load_n(x + whole, tail, -inf) - mx);
+    et = vexp<Isa>(load_n(x + whole, tail, -inf) - mx);
     s += et;
   }
   const float inv = 1.0f / lanes_sum(s);
-  for (int64_t c = 0; c < whole; c += kLanes) store(x + c, load(x + c) * inv);
+  for (int64_t c = 0; c < whole; c += kLanes) store<Isa>(x + c, load(x + c) * inv);
   if (tail) store_n(x + whole, et * inv, tail);
   std::fill(x + n, x + nc, 0.0f);
 }
@@ -122,14 +123,14 @@ PT_VEC void softmax_grad_row(const float* p, float* g, int64_t n, float scale) {
   for (int64_t c = 0; c < whole; c += kLanes) s += load(p + c) * load(g + c);
   if (tail) s += load_n(p + whole, tail, 0.0f) * load_n(g + whole, tail, 0.0f);
   const float dot = lanes_sum(s);
-  for (int64_t c = 0; c < whole; c += kLanes) store(g + c, scale * load(p + c) * (load(g + c) - dot));
+  for (int64_t c = 0; c < whole; c += kLanes) store<2>(g + c, scale * load(p + c) * (load(g + c) - dot));
   if (tail) store_n(g + whole, scale * load_n(p + whole, tail, 0.0f) * (load_n(g + whole, tail, 0.0f) - dot), tail);
 }
 
 // dst[0, n) = a * m (dst may be a).
 PT_VEC void multiply_row(float* dst, const float* a, const float* m, int64_t n) {
   const int64_t whole = n / kLanes * kLanes, tail = n - whole;
-  for (int64_t c = 0; c < whole; c += kLanes) store(dst + c, load(a + c) * load(m + c));
+  for (int64_t c = 0; c < whole; c += kLanes) store<2>(dst + c, load(a + c) * load(m + c));
   if (tail) store_n(dst + whole, load_n(a + whole, tail, 0.0f) * load_n(m + whole, tail, 0.0f), tail);
 }
 
@@ -173,6 +174,7 @@ PT_VEC Operand dropped(const Job& j, int64_t bh, const Tile& t, const float* row
 }
 
 struct Forward {
+  template <int Isa>
   static PT_VEC void run(const Job& j, int64_t bh0, int64_t bh1) {
     const Shape& s = j.s;
     const int64_t E = s.e(), ld = 3 * E, L = s.len;
@@ -187,7 +189,7 @@ struct Forward {
         const Tile t = tile(s, i);
         float* rows = p + t.r0 * L;
         cpu_gemm::sgemm('N', 'T', t.nr, t.nc, s.dim, j.scale, q + t.r0 * ld, ld, k, ld, 0.0f, rows, L);
-        for (int64_t r = 0; r < t.nr; ++r) softmax_row(rows + r * L, t.r0 + r + 1, t.nc);
+        for (int64_t r = 0; r < t.nr; ++r) softmax_row<Isa>(rows + r * L, t.r0 + r + 1, t.nc);
         const Operand a = dropped(j, bh, t, rows, w.data(), t.nc, mult.data(), nullptr);
         cpu_gemm::sgemm('N', 'N', t.nr, s.dim, t.nc, 1.0f, a.data, a.ld, v, ld, 0.0f, o + t.r0 * E, E);
       }
@@ -198,6 +200,7 @@ struct Forward {
 // Two passes a (b, h): by query tile, d scores (kept whole, [L, L]) and dQ; then by key tile,
 // dK and dV, each one product over every query row that sees the tile's keys.
 struct Backward {
+  template <int Isa>
   static PT_VEC void run(const Job& j, int64_t bh0, int64_t bh1) {
     const Shape& s = j.s;
     const int64_t E = s.e(), ld = 3 * E, L = s.len;

@@ -27,16 +27,21 @@ constexpr float kSqrt2OverPi = 0.7978845608028654f, kTanhCubic = 0.044715f;
 struct TanhParts {
   vf q, one_plus;
 };
+template <int Isa>
 PT_VEC TanhParts tanh_parts(vf x) {
-  const vf e = vexp(2.0f * (kSqrt2OverPi * (x + kTanhCubic * x * x * x)));
+  const vf e = vexp<Isa>(2.0f * (kSqrt2OverPi * (x + kTanhCubic * x * x * x)));
   const vf q = 2.0f / (e + 1.0f);
-  return {q, x < 0.0f ? e * q : 2.0f - q};
+  return {q, select_gt<Isa>(splat(0.0f), x, e * q, 2.0f - q)};
 }
 
-PT_VEC vf gelu_fwd(vf x) { return 0.5f * x * tanh_parts(x).one_plus; }
+template <int Isa>
+PT_VEC vf gelu_fwd(vf x) {
+  return 0.5f * x * tanh_parts<Isa>(x).one_plus;
+}
 
+template <int Isa>
 PT_VEC vf gelu_grad(vf x) {  // d gelu / dx
-  const TanhParts t = tanh_parts(x);
+  const TanhParts t = tanh_parts<Isa>(x);
   return 0.5f * t.one_plus + 0.5f * x * t.q * t.one_plus * kSqrt2OverPi * (1.0f + 3.0f * kTanhCubic * x * x);
 }
 
@@ -48,24 +53,27 @@ struct GeluJob {
   int64_t n;
 };
 
-template <typename T>
+template <typename T, int Isa>
 PT_VEC void gelu_vectors(const GeluJob& j, int64_t v0, int64_t v1) {
   const T* x = static_cast<const T*>(j.x) + v0 * kLanes;
   const T* g = j.g ? static_cast<const T*>(j.g) + v0 * kLanes : nullptr;
   T* out = static_cast<T*>(j.out) + v0 * kLanes;
   for (int64_t v = v0; v < v1; ++v, x += kLanes, out += kLanes) {
     if (g) {
-      store(out, load(g) * gelu_grad(load(x)));
+      store<Isa>(out, load(g) * gelu_grad<Isa>(load(x)));
       g += kLanes;
     } else {
-      store(out, gelu_fwd(load(x)));
+      store<Isa>(out, gelu_fwd<Isa>(load(x)));
     }
   }
 }
 
 template <typename T>
 struct GeluBody {
-  static PT_VEC void run(const GeluJob& j, int64_t v0, int64_t v1) { gelu_vectors<T>(j, v0, v1); }
+  template <int Isa>
+  static PT_VEC void run(const GeluJob& j, int64_t v0, int64_t v1) {
+    gelu_vectors<T, Isa>(j, v0, v1);
+  }
 };
 
 template <typename T>
@@ -123,7 +131,7 @@ struct XentJob {
 
 // Rows [r0, r1): max (one read), sum of exponentials (one read, from cache: a GPT-2 row is
 // 100-200 KB), then the gradient (exponentials again, one write).
-template <typename T>
+template <typename T, int Isa>
 PT_VEC void xent_rows(const XentJob& j, int64_t r0, int64_t r1) {
   const int64_t cols = j.cols, whole = cols / kLanes * kLanes, tail = cols - whole;
   for (int64_t r = r0; r < r1; ++r) {
@@ -131,39 +139,42 @@ PT_VEC void xent_rows(const XentJob& j, int64_t r0, int64_t r1) {
     vf m = splat(-std::numeric_limits<float>::infinity());
     for (int64_t c = 0; c < whole; c += kLanes) {
       const vf v = load(x + c);
-      m = running_max(m, v);
+      m = running_max<Isa>(m, v);
     }
     if (tail) {
       const vf v = load_tail(x + whole, tail);
-      m = running_max(m, v);
+      m = running_max<Isa>(m, v);
     }
     const float mx = lanes_max(m);
     vf s = splat(0.0f);
-    for (int64_t c = 0; c < whole; c += kLanes) s += vexp(load(x + c) - mx);
-    if (tail) s += vexp(load_tail(x + whole, tail) - mx);
+    for (int64_t c = 0; c < whole; c += kLanes) s += vexp<Isa>(load(x + c) - mx);
+    if (tail) s += vexp<Isa>(load_tail(x + whole, tail) - mx);
     const float sum = lanes_sum(s), w = j.weight[r];
     const int64_t y = j.labels[r];
     const float xy = to_float(x[y]);
     j.row_loss[r] = w * (mx + std::log(sum) - xy);
     if (!j.grad) continue;
     const float scale = w / sum;
-    for (int64_t c = 0; c < whole; c += kLanes) store(x + c, vexp(load(x + c) - mx) * scale);
+    for (int64_t c = 0; c < whole; c += kLanes) store<Isa>(x + c, vexp<Isa>(load(x + c) - mx) * scale);
     if (tail) {
       T out[kLanes];
-      store(out, vexp(load_tail(x + whole, tail) - mx) * scale);
+      store<Isa>(out, vexp<Isa>(load_tail(x + whole, tail) - mx) * scale);
       std::memcpy(x + whole, out, tail * sizeof(T));
     }
     // The label's entry from its logit, rounded once: p * w - w.
-    const vf gy = vexp(splat(xy) - mx) * scale - w;
+    const vf gy = vexp<Isa>(splat(xy) - mx) * scale - w;
     T one[kLanes];
-    store(one, gy);
+    store<Isa>(one, gy);
     x[y] = one[0];
   }
 }
 
 template <typename T>
 struct XentBody {
-  static PT_VEC void run(const XentJob& j, int64_t r0, int64_t r1) { xent_rows<T>(j, r0, r1); }
+  template <int Isa>
+  static PT_VEC void run(const XentJob& j, int64_t r0, int64_t r1) {
+    xent_rows<T, Isa>(j, r0, r1);
+  }
 };
 
 template <typename T>
@@ -181,8 +192,9 @@ struct AccumulateJob {
 };
 
 struct AccumulateBody {
+  template <int Isa>
   static PT_VEC void run(const AccumulateJob& j, int64_t v0, int64_t v1) {
-    for (int64_t v = v0; v < v1; ++v) store(j.dst + v * kLanes, load(j.dst + v * kLanes) + load(j.src + v * kLanes));
+    for (int64_t v = v0; v < v1; ++v) store<Isa>(j.dst + v * kLanes, load(j.dst + v * kLanes) + load(j.src + v * kLanes));
   }
 };
 

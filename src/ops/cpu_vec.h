@@ -40,21 +40,52 @@ PT_VEC vf load(const uint16_t* p) {  // bf16: the high half of an fp32
   std::memcpy(&h, p, sizeof h);
   return (vf)(__builtin_convertvector(h, vu) << 16);
 }
-PT_VEC void store(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
+// a > b ? x : y lane by lane, for a body built for vector unit Isa (2: AVX-512, 1: AVX2 + FMA,
+// 0: generic). GCC 12 lowers a condition on 16-lane vectors into 16 scalar compares and blends
+// when the target has no 512-bit registers (a softmax row ran 8x slower on the AVX2 build than
+// on the AVX-512 one): there it runs on two 8-lane halves, which AVX2 has; the AVX-512 build keeps
+// one 16-lane compare (halves there ran 3x slower). The same lanes either way: the same bits.
+template <int Isa, typename C, typename V>
+PT_VEC V select_gt(C a, C b, V x, V y) {
+  if constexpr (Isa == 2) {
+    return a > b ? x : y;
+  } else {
+    typedef typename std::remove_reference<decltype(a[0])>::type CE;
+    typedef typename std::remove_reference<decltype(x[0])>::type VE;
+    typedef CE C8 __attribute__((vector_size(32)));
+    typedef VE V8 __attribute__((vector_size(32)));
+    C8 a2[2], b2[2];
+    V8 x2[2], y2[2], r2[2];
+    std::memcpy(a2, &a, sizeof a), std::memcpy(b2, &b, sizeof b);
+    std::memcpy(x2, &x, sizeof x), std::memcpy(y2, &y, sizeof y);
+    r2[0] = a2[0] > b2[0] ? x2[0] : y2[0];
+    r2[1] = a2[1] > b2[1] ? x2[1] : y2[1];
+    V r;
+    std::memcpy(&r, r2, sizeof r);
+    return r;
+  }
+}
+
+template <int Isa>
+PT_VEC void store(float* p, vf v) {
+  std::memcpy(p, &v, sizeof v);
+}
+template <int Isa>
 PT_VEC void store(uint16_t* p, vf v) {  // round to nearest even, NaN kept NaN (c10::BFloat16's rule)
   const vu u = (vu)(v);
   vu r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  r = v != v ? vu{} + 0x7fc0u : r;
+  r = select_gt<Isa>(u & 0x7fffffffu, vu{} + 0x7f800000u, vu{} + 0x7fc0u, r);  // NaN: |bits| above inf's
   const vh h = __builtin_convertvector(r, vh);
   std::memcpy(p, &h, sizeof h);
 }
 
 // e^x to ~1 ulp (Cephes' expf: x = n ln2 + r, a degree-6 polynomial in r, 2^n by exponent
 // bits); 0 below -87.33 (no subnormals, and -inf -> 0 exactly), inf above 88.37, NaN kept.
+template <int Isa>
 PT_VEC vf vexp(vf x) {
   const float hi = 88.3762626647949f, lo = -87.3365447505531f;
-  vf c = x > hi ? splat(hi) : x;
-  c = c < lo ? splat(lo) : c;
+  vf c = select_gt<Isa>(x, splat(hi), splat(hi), x);
+  c = select_gt<Isa>(splat(lo), c, splat(lo), c);
   const vf n = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
   vf r = c - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
@@ -67,8 +98,8 @@ PT_VEC vf vexp(vf x) {
   p = p * r * r + r + 1.0f;
   const vi e = (__builtin_convertvector(n, vi) + 127) << 23;
   vf y = p * (vf)(e);
-  y = x < lo ? splat(0.0f) : y;
-  return x > hi ? splat(std::numeric_limits<float>::infinity()) : y;
+  y = select_gt<Isa>(splat(lo), x, splat(0.0f), y);
+  return select_gt<Isa>(x, splat(hi), splat(std::numeric_limits<float>::infinity()), y);
 }
 
 #if defined(__x86_64__)
@@ -89,18 +120,19 @@ inline std::atomic<int> forced_level{-1};
 inline int vector_level() { return 0; }
 #endif
 
-// Body::run(job, begin, end), always inline, built for each of the three and chosen at run time.
+// Body::run<Isa>(job, begin, end), always inline, built for each of the three (Isa 2, 1, 0) and
+// chosen at run time.
 template <typename Body, typename Job>
 PT_AVX512 void on_avx512(const Job& j, int64_t b, int64_t e) {
-  Body::run(j, b, e);
+  Body::template run<2>(j, b, e);
 }
 template <typename Body, typename Job>
 PT_AVX2 void on_avx2(const Job& j, int64_t b, int64_t e) {
-  Body::run(j, b, e);
+  Body::template run<1>(j, b, e);
 }
 template <typename Body, typename Job>
 void on_generic(const Job& j, int64_t b, int64_t e) {
-  Body::run(j, b, e);
+  Body::template run<0>(j, b, e);
 }
 template <typename Body, typename Job>
 void dispatch(const Job& j, int64_t b, int64_t e) {
@@ -114,7 +146,10 @@ void dispatch(const Job& j, int64_t b, int64_t e) {
 // caller computes from v next, e^(v - max) in every softmax here). One comparison: GCC 12
 // turns a condition of two OR-ed comparisons, (v > m) | (v != v), into 16 scalar compares
 // (a softmax row ran 5x slower with it).
-PT_VEC vf running_max(vf m, vf v) { return v > m ? v : m; }
+template <int Isa>
+PT_VEC vf running_max(vf m, vf v) {
+  return select_gt<Isa>(v, m, v, m);
+}
 
 PT_VEC float lanes_max(vf v) {
   float m = v[0];
