@@ -1,8 +1,8 @@
 // attn_implementation (models/attention.h): sdpa gives the eager path's loss and gradients
 // for GPT-2 (causal alone, and causal + right padding), BERT (padding) and T5 (relative bias +
 // padding, causal decoder, cross-attention), bad values are InputErrors naming the key, and
-// "auto" keeps the exact path on the CPU except GPT-2's causal fp32 attention, which runs the
-// fused CPU kernel with the eager path's dropout mask. On a GPU the same switch picks the fused
+// "auto" keeps the exact path on the CPU except GPT-2's causal attention, which runs the fused
+// CPU kernel (in fp32, also under bf16 autocast) with the eager path's dropout mask. On a GPU the same switch picks the fused
 // kernels; bench/gpu_step.sh compares 200-step loss curves there.
 #include <algorithm>
 #include <set>
@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "polytrain/common/autocast.h"
 #include "polytrain/common/config.h"
 #include "polytrain/common/error.h"
 #include "polytrain/models/attention.h"
@@ -112,6 +113,19 @@ TEST(Attention, Gpt2AutoOnTheCpuIsTheFusedCausalKernelWithTheEagerDropout) {
     EXPECT_TRUE(graph_has(la, "CausalAttentionFn"));
     EXPECT_FALSE(graph_has(le, "CausalAttentionFn"));
     expect_same(*eager, le, *fused, la);
+  }
+  // Under bf16 autocast the kernel runs in fp32 on the upcast projection: the eager path's loss
+  // to bf16 rounding.
+  {
+    torch::manual_seed(3);
+    Gpt2LMHeadModel eager(gpt2_tiny("eager"));
+    torch::manual_seed(3);
+    Gpt2LMHeadModel fused(gpt2_tiny("auto"));
+    auto ids = torch::randint(0, 97, {3, 16}, torch::kLong);
+    AutocastGuard bf16(c10::DeviceType::CPU, c10::kBFloat16);
+    auto le = eager->forward(ids, {}, ids).loss, la = fused->forward(ids, {}, ids).loss;
+    EXPECT_TRUE(graph_has(la, "CausalAttentionFn"));
+    EXPECT_NEAR(la.item<double>(), le.item<double>(), 2e-2 * std::abs(le.item<double>()));
   }
   // With padding, auto keeps the eager path.
   torch::manual_seed(3);
