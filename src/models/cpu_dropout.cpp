@@ -10,7 +10,6 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "polytrain/common/error.h"
-#include "polytrain/common/splitmix.h"
 #include "polytrain/optim/worker_pool.h"
 
 namespace polytrain {
@@ -47,16 +46,11 @@ struct Job {
 // compiler to vectorize 8 words at a time (64-bit lanes).
 template <typename T>
 __attribute__((always_inline)) inline void blocks(const Job& j, const T* in, T* out, int64_t b0, int64_t b1) {
-  const uint32_t thr = j.threshold;
   using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
   const Acc s = static_cast<Acc>(j.scale);
   for (int64_t b = b0; b < b1; ++b, in += kBlock, out += kBlock) {
     Acc m[kBlock];  // the block's multipliers: s or 0
-    for (int k = 0; k < 8; ++k) {
-      const uint64_t w = splitmix_finalise(j.seed + static_cast<uint64_t>(8 * b + k) * kGoldenGamma);
-      m[k] = static_cast<uint32_t>(w) < thr ? s : Acc(0);
-      m[8 + k] = static_cast<uint32_t>(w >> 32) < thr ? s : Acc(0);
-    }
+    dropout_block_multipliers<Acc>(j.seed, j.threshold, s, b, m);
     for (int k = 0; k < kBlock; ++k) {
       if constexpr (std::is_same_v<T, uint16_t>) {
         out[k] = float_to_bf16(bf16_to_float(in[k]) * m[k]);

@@ -9,6 +9,8 @@
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 
+#include "polytrain/common/splitmix.h"
+
 namespace polytrain {
 
 /// The keep mask's bits: element e = 16 b + k of a dropout call with seed s (blocks of 16) is
@@ -25,6 +27,19 @@ uint64_t dropout_seed(at::Generator* generator);
 
 /// floor((1 - p) * 2^32): a 32-bit half below it keeps its element.
 uint32_t dropout_keep_threshold(double p);  // p in (0, 1]
+
+/// m[0, 16) = the multipliers (scale or 0) of the mask's block `block` for `seed`: element
+/// 16 b + k keeps when the low (k < 8) or high half of word 8 b + k % 8 is below `threshold`.
+/// Inline, for the kernels that apply the mask (cpu_dropout, the CPU attention) to vectorize.
+template <typename Acc>
+__attribute__((always_inline)) inline void dropout_block_multipliers(uint64_t seed, uint32_t threshold, Acc scale,
+                                                                    int64_t block, Acc* m) {
+  for (int k = 0; k < 8; ++k) {
+    const uint64_t w = splitmix_finalise(seed + static_cast<uint64_t>(8 * block + k) * kGoldenGamma);
+    m[k] = static_cast<uint32_t>(w) < threshold ? scale : Acc(0);
+    m[8 + k] = static_cast<uint32_t>(w >> 32) < threshold ? scale : Acc(0);
+  }
+}
 
 /// x with each element zeroed with probability p and the rest scaled by 1 / (1 - p), in x's
 /// dtype (the product in float for bf16/fp16, as ATen's opmath does), on the CPU kernels'

@@ -69,9 +69,11 @@ at::Tensor Gpt2AttentionImpl::forward(const at::Tensor& x, const at::Tensor& mas
   // eager path's bf16 products, and the attention's math more exact).
   const int64_t local_heads = fused.size(-1) / 3 / head_dim_;
   const bool bf16 = fused.scalar_type() == at::kBFloat16 && !fused.is_cuda();
-  const auto f32 = bf16 ? fused.to(at::kFloat) : fused;
-  if (attn_impl_ == AttnImpl::kAuto && masked.size(0) == 1 && cpu_ops::causal_attention_handles(f32, local_heads) &&
-      attn_dropout->p < 1.0) {
+  // The upcast only where the kernel is a candidate (not before a padded batch's eager path).
+  const bool candidate = attn_impl_ == AttnImpl::kAuto && masked.size(0) == 1 && attn_dropout->p < 1.0 &&
+                         !fused.is_cuda() && cpu_ops::enabled();
+  const auto f32 = candidate && bf16 ? fused.to(at::kFloat) : fused;
+  if (candidate && cpu_ops::causal_attention_handles(f32, local_heads)) {
     const bool drop = attn_dropout->is_training() && attn_dropout->p > 0.0;
     const uint64_t seed = drop ? dropout_seed(attn_dropout->generator ? &*attn_dropout->generator : nullptr) : 0;
     auto ctx = cpu_ops::causal_attention(f32, local_heads, scale_, drop ? attn_dropout->p : 0.0, seed);

@@ -15,7 +15,6 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "polytrain/common/error.h"
-#include "polytrain/common/splitmix.h"
 #include "polytrain/models/cpu_dropout.h"
 #include "polytrain/ops/cpu_gemm.h"
 #include "polytrain/ops/cpu_ops.h"
@@ -43,28 +42,18 @@ struct Drop {
   float scale;  // 1 / (1 - p)
 };
 
-// The 16 multipliers (scale or 0) of block `blk` of cpu_dropout's mask: element 16 b + k takes
-// the low (k < 8) or high half of word 8 b + k % 8.
-PT_VEC void mask_block(const Drop& d, int64_t blk, float* m) {
-  for (int k = 0; k < 8; ++k) {
-    const uint64_t w = splitmix_finalise(d.seed + static_cast<uint64_t>(8 * blk + k) * kGoldenGamma);
-    m[k] = static_cast<uint32_t>(w) < d.threshold ? d.scale : 0.0f;
-    m[8 + k] = static_cast<uint32_t>(w >> 32) < d.threshold ? d.scale : 0.0f;
-  }
-}
-
 // out[c] = the multiplier of element e0 + c of the probabilities, c in [0, n).
 PT_VEC void keep_multipliers(const Drop& d, int64_t e0, int64_t n, float* out) {
   int64_t c = 0;
   float m[16];
   if (e0 % 16 != 0) {  // the first block's part
-    mask_block(d, e0 / 16, m);
+    dropout_block_multipliers(d.seed, d.threshold, d.scale, e0 / 16, m);
     c = std::min(n, 16 - e0 % 16);
     std::memcpy(out, m + e0 % 16, c * sizeof(float));
   }
-  for (; c + 16 <= n; c += 16) mask_block(d, (e0 + c) / 16, out + c);  // e0 + c is a block's start
+  for (; c + 16 <= n; c += 16) dropout_block_multipliers(d.seed, d.threshold, d.scale, (e0 + c) / 16, out + c);  // e0 + c is a block's start
   if (c < n) {
-    mask_block(d, (e0 + c) / 16, m);
+    dropout_block_multipliers(d.seed, d.threshold, d.scale, (e0 + c) / 16, m);
     std::memcpy(out + c, m, (n - c) * sizeof(float));
   }
 }
@@ -78,7 +67,7 @@ PT_VEC vf load_n(const float* p, int64_t r, float pad) {
 }
 PT_VEC void store_n(float* p, vf v, int64_t r) {
   float buf[kLanes];
-  store<2>(buf, v);
+  store(buf, v);
   std::memcpy(p, buf, r * sizeof(float));
 }
 
@@ -123,14 +112,14 @@ PT_VEC void softmax_grad_row(const float* p, float* g, int64_t n, float scale) {
   for (int64_t c = 0; c < whole; c += kLanes) s += load(p + c) * load(g + c);
   if (tail) s += load_n(p + whole, tail, 0.0f) * load_n(g + whole, tail, 0.0f);
   const float dot = lanes_sum(s);
-  for (int64_t c = 0; c < whole; c += kLanes) store<2>(g + c, scale * load(p + c) * (load(g + c) - dot));
+  for (int64_t c = 0; c < whole; c += kLanes) store(g + c, scale * load(p + c) * (load(g + c) - dot));
   if (tail) store_n(g + whole, scale * load_n(p + whole, tail, 0.0f) * (load_n(g + whole, tail, 0.0f) - dot), tail);
 }
 
 // dst[0, n) = a * m (dst may be a).
 PT_VEC void multiply_row(float* dst, const float* a, const float* m, int64_t n) {
   const int64_t whole = n / kLanes * kLanes, tail = n - whole;
-  for (int64_t c = 0; c < whole; c += kLanes) store<2>(dst + c, load(a + c) * load(m + c));
+  for (int64_t c = 0; c < whole; c += kLanes) store(dst + c, load(a + c) * load(m + c));
   if (tail) store_n(dst + whole, load_n(a + whole, tail, 0.0f) * load_n(m + whole, tail, 0.0f), tail);
 }
 
