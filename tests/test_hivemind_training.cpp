@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -1100,15 +1101,19 @@ TEST_F(Swarm, TheAlbertRecipeWithAMonitorAnAuxiliaryPeerAndTwoClientsBehindAFire
     EXPECT_GE(tutorial_numbers(peers[k]->output(), "hivemind: Averaged tensors successfully with 3 peers").size(),
               static_cast<size_t>(all_three - 1)) << peers[k]->output();
   }
-  // The auxiliary peer reduced half of every round it joined (its bandwidth 1 against the
-  // trainer's 1; the clients reduce nothing), from all three trainers once the clients came.
+  // The auxiliary peer reduced half of every round it joined with the trainer (its bandwidth 1
+  // against the trainer's 1; the clients reduce nothing), from all three trainers once the
+  // clients came. While a client catches up, a round's group can be that client and the
+  // auxiliary peer alone (a CI run had two such rounds, "from 1 of 1 peers", before the three
+  // met): then it reduces all of it.
   const auto shares = tutorial_numbers(peers[0]->output(), "assisted in averaging epoch \\d+'s gradients: reduced ([0-9.]+)% "
                                                            "of them \\(\\d+ of \\d+ values\\) from (\\d+) of (\\d+) peers");
   ASSERT_GE(shares.size(), static_cast<size_t>(all_three)) << peers[0]->output();
   size_t from_three = 0;
   for (const auto& s : shares) {
-    EXPECT_NEAR(s[0], 50.0, 0.05) << peers[0]->output();
-    from_three += s[1] == 3.0 && s[2] == 3.0;
+    const bool all = s[1] == 3.0 && s[2] == 3.0;
+    if (all || std::fabs(s[0] - 100.0) > 0.05) EXPECT_NEAR(s[0], 50.0, 0.05) << peers[0]->output();
+    from_three += all;
   }
   EXPECT_GE(from_three, static_cast<size_t>(all_three)) << peers[0]->output();
   // The monitor logged the swarm's steps, the last ones with the 3 trainers.

@@ -97,6 +97,11 @@ class GlooCommunicator : public Communicator {
     opts->threads = 2;
     try {
       pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store_, rank, size, opts);
+      // A member's constructor returns once its own pairs are connected, not every member's: one
+      // that goes on to fail (a config error every rank raises) and exits would close its
+      // sockets under a member still handshaking, which then reports a lost connection instead
+      // of the error. Nobody leaves before every member is connected.
+      pg_->barrier()->wait();
     } catch (const std::exception& e) {
       std::string msg = e.what();
       if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
