@@ -295,8 +295,8 @@ TEST_P(CpuAdamIsa, ThreadCountDoesNotChangeBits) {
   at::set_num_threads(saved_threads);
 }
 
-// The worker threads exist in the parent only: a forked child (ZeRO's tests fork their ranks)
-// must start its own rather than wait for threads it does not have.
+// The OpenMP team's threads exist in the parent only: a forked child (ZeRO's tests fork their
+// ranks) must run its jobs on its own thread rather than wait for threads it does not have.
 TEST_P(CpuAdamIsa, ThreadsWorkInAForkedChild) {
   const Isa isa = GetParam();
   const int saved_threads = at::get_num_threads();

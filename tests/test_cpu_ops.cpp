@@ -1,10 +1,18 @@
 // polytrain's CPU kernels (ops/cpu_ops.h) against ATen's: GELU's tanh form forward and backward,
 // the cross-entropy chain, and the fused LM loss through them, in fp32 and bf16; the causal
-// attention against the eager math in double, with and without dropout.
+// attention against the eager math in double, with and without dropout; the kernels' thread pool.
 #include <gtest/gtest.h>
 
+#include <dlfcn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <limits>
+#include <thread>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -12,6 +20,7 @@
 #include "polytrain/models/cpu_dropout.h"
 #include "polytrain/models/fused_lm_loss.h"
 #include "polytrain/ops/cpu_ops.h"
+#include "polytrain/optim/worker_pool.h"
 
 using namespace polytrain;
 
@@ -301,4 +310,94 @@ TEST(CpuOps, CausalAttentionRefusesWhatItDoesNotTake) {
   EXPECT_THROW(cpu_ops::causal_attention(torch::randn({1, 4, 24}), 2, 1.0, 1.0, 0), std::exception);
   cpu_ops::set_enabled(false);
   EXPECT_FALSE(cpu_ops::causal_attention_handles(torch::randn({1, 4, 24}), 2));
+}
+
+// ---- the kernels' thread pool (optim/worker_pool.h) ----------------------------------------------
+
+namespace {
+
+struct PoolProbe {
+  std::vector<std::atomic<int>> hits;
+  std::atomic<int> in_team{0}, calls{0};
+  int (*in_parallel)() = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "omp_in_parallel"));
+  int sleep_ms = 0;
+  explicit PoolProbe(int64_t units) : hits(static_cast<size_t>(units)) {}
+  static void fn(const void* ctx, int64_t begin, int64_t end) {
+    auto* p = static_cast<PoolProbe*>(const_cast<void*>(ctx));
+    ++p->calls;
+    if (p->in_parallel && p->in_parallel()) ++p->in_team;
+    for (int64_t u = begin; u < end; ++u) ++p->hits[static_cast<size_t>(u)];
+    if (p->sleep_ms) std::this_thread::sleep_for(std::chrono::milliseconds(p->sleep_ms));
+  }
+  bool each_once() const {
+    for (const auto& h : hits)
+      if (h.load() != 1) return false;
+    return true;
+  }
+};
+
+}  // namespace
+
+// Its jobs run on OpenMP's team, the threads libtorch's GEMMs use (a pool of its own beside it
+// oversubscribed the cores while those spun); every unit once, whatever the parts and threads.
+TEST(CpuPool, RunsEveryUnitOnceOnOpenMPsOwnTeam) {
+  const int saved = at::get_num_threads();
+  at::set_num_threads(2);
+  for (int parts : {2, 3, 5})
+    for (int64_t units : {1, 7, 100}) {
+      PoolProbe p(units);
+      ASSERT_NE(p.in_parallel, nullptr) << "libgomp is not in the process";
+      cpu_pool::run(&PoolProbe::fn, &p, units, parts);
+      EXPECT_TRUE(p.each_once()) << parts << " parts of " << units;
+      // Parts past the units are not called; each call ran inside an OpenMP region.
+      const int64_t chunk = (units + parts - 1) / parts;
+      int non_empty = 0;
+      for (int part = 0; part < parts; ++part) non_empty += part * chunk < units;
+      EXPECT_EQ(p.calls.load(), non_empty) << parts << " parts of " << units;
+      EXPECT_EQ(p.in_team.load(), p.calls.load()) << parts << " parts of " << units;
+    }
+  PoolProbe one(10);
+  cpu_pool::run(&PoolProbe::fn, &one, 10, 1);  // one part: inline, no region
+  EXPECT_TRUE(one.each_once());
+  EXPECT_EQ(one.in_team.load(), 0);
+  at::set_num_threads(saved);
+}
+
+// A second caller while a job runs does its job alone on its own thread; both finish.
+TEST(CpuPool, ACallerThatFindsItBusyRunsItsJobItself) {
+  PoolProbe a(64), b(64);
+  a.sleep_ms = b.sleep_ms = 30;
+  std::thread other([&] { cpu_pool::run(&PoolProbe::fn, &b, 64, 2); });
+  cpu_pool::run(&PoolProbe::fn, &a, 64, 2);
+  other.join();
+  EXPECT_TRUE(a.each_once());
+  EXPECT_TRUE(b.each_once());
+}
+
+// GNU OpenMP's team does not survive fork(): a child forked after the pool started one runs its
+// jobs on its own thread instead of waiting for team threads it does not have.
+TEST(CpuPool, AChildForkedAfterATeamRunsItsJobsOnItsOwnThread) {
+  const int saved = at::get_num_threads();
+  at::set_num_threads(2);
+  PoolProbe before(32);
+  cpu_pool::run(&PoolProbe::fn, &before, 32, 2);
+  ASSERT_TRUE(before.each_once());
+  ASSERT_EQ(before.in_team.load(), 2);
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::alarm(30);  // a hang ends the child by SIGALRM, which the parent reports
+    PoolProbe p(32);
+    cpu_pool::run(&PoolProbe::fn, &p, 32, 2);
+    ::_exit(p.each_once() && p.calls.load() == 1 && p.in_team.load() == 0 ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child wait status " << status;
+  // The parent keeps its team.
+  PoolProbe after(32);
+  cpu_pool::run(&PoolProbe::fn, &after, 32, 2);
+  EXPECT_EQ(after.in_team.load(), 2);
+  at::set_num_threads(saved);
 }

@@ -893,30 +893,25 @@ void Swarm::client_behind_firewall(bool explicit_client) {
   // Each global step's group, as each peer logged it: the client's rounds are those whose group
   // had all three (the trainers agree on it).
   const auto client = metric("client", "group_size"), p0 = metric("peer0", "group_size");
-  if (!explicit_client) {
-    // Its check (a dial-back that times out) starts it a second or two after the trainers: it
-    // then catches up (reloading the state) and, from the first round it took part in, takes
-    // part in the rounds as the explicit client does.
-    ASSERT_EQ(p0.size(), static_cast<size_t>(kSteps)) << peers[0]->output();
-    const auto first = std::find(p0.begin(), p0.end(), 3.0);
-    ASSERT_NE(first, p0.end()) << "the peer never took part:\n" << peers[2]->output();
-    const auto since = p0.end() - first, in = std::count(first, p0.end(), 3.0);
-    std::printf("[swarm] the peer nobody can reach took part in %lld of the %lld rounds since its first (round %lld)\n",
-                static_cast<long long>(in), static_cast<long long>(since), static_cast<long long>(first - p0.begin() + 1));
-    EXPECT_LE(first - p0.begin(), kSteps / 2) << peers[2]->output();
-    EXPECT_GE(in, (since * 95 + 99) / 100) << peers[2]->output();
-    EXPECT_EQ(max_difference(weights("peer0", kSteps), weights("client", kSteps)), 0.0);
-    return;
-  }
-  ASSERT_EQ(client.size(), static_cast<size_t>(kSteps)) << peers[2]->output();
+  // The trainers start once the client is in the DHT, which can be a second or two before it
+  // steps (under ctest -j2 a client once came at epoch 3 and reloaded the state twice): it then
+  // catches up and, from the first round it took part in, takes part in the rounds. The peer
+  // started without --client_mode is later still: its check (a dial-back that times out) comes
+  // first.
   ASSERT_EQ(p0.size(), static_cast<size_t>(kSteps)) << peers[0]->output();
-  const auto in_all = std::count(client.begin(), client.end(), 3.0);
-  EXPECT_EQ(std::count(p0.begin(), p0.end(), 3.0), in_all);
-  std::printf("[swarm] client-mode peer%s took part in %lld of %d rounds; inbound packets dropped at its "
-              "firewall: %lld\n",
+  const auto joined = std::find(p0.begin(), p0.end(), 3.0);
+  ASSERT_NE(joined, p0.end()) << "the client never took part:\n" << peers[2]->output();
+  const auto since = p0.end() - joined, in = std::count(joined, p0.end(), 3.0);
+  std::printf("[swarm] the %s took part in %lld of the %lld rounds since its first (round %lld)%s; inbound packets "
+              "dropped at its firewall: %lld\n",
+              explicit_client ? "client-mode peer" : "peer nobody can reach", static_cast<long long>(in),
+              static_cast<long long>(since), static_cast<long long>(joined - p0.begin() + 1),
               ns.ok ? (" in namespace " + ns.name + " (" + client_ip + ", inbound flows dropped)").c_str() : " on loopback",
-              static_cast<long long>(in_all), kSteps, ns.ok ? ns.dropped() : 0LL);
-  EXPECT_GE(in_all, (kSteps * 95 + 99) / 100) << peers[2]->output();
+              ns.ok ? ns.dropped() : 0LL);
+  EXPECT_LE(joined - p0.begin(), kSteps / 2) << peers[2]->output();
+  EXPECT_GE(in, (since * 95 + 99) / 100) << peers[2]->output();
+  // The client's own log agrees: the rounds it logged with all three are the trainer's.
+  EXPECT_EQ(std::count(client.begin(), client.end(), 3.0), std::count(p0.begin(), p0.end(), 3.0)) << peers[2]->output();
   const auto w0 = weights("peer0", kSteps);
   EXPECT_EQ(max_difference(w0, weights("peer1", kSteps)), 0.0);
   EXPECT_EQ(max_difference(w0, weights("client", kSteps)), 0.0);

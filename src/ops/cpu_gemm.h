@@ -46,9 +46,9 @@ void sgemm(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k, float al
 
 /// While alive, the calling thread's OpenMP thread count is 1 (libgomp's, which libtorch,
 /// oneDNN and OpenBLAS share, found at run time), so the GEMM libraries run on this thread
-/// alone; restored after. polytrain is not built with OpenMP: at::parallel_for runs serially
-/// in its code, and a kernel's threads are cpu_pool's (optim/worker_pool.h), where a library's
-/// own threads would only oversubscribe the cores.
+/// alone; restored after. For a product inside a cpu_pool job (optim/worker_pool.h), where a
+/// library's own threads would only oversubscribe the cores (an inactive nested region already
+/// keeps it on one thread, unless OMP_MAX_ACTIVE_LEVELS allows nesting).
 class SingleThreaded {
  public:
   SingleThreaded();
