@@ -68,8 +68,9 @@ at::Tensor Gpt2AttentionImpl::forward(const at::Tensor& x, const at::Tensor& mas
   // under bf16 autocast (the projection upcast: 4-7% off GPT-2 124M's bf16 step against the
   // eager path's bf16 products, and the attention's math more exact).
   const int64_t local_heads = fused.size(-1) / 3 / head_dim_;
-  const bool bf16 = fused.scalar_type() == at::kBFloat16 && !fused.is_cuda();
-  // The upcast only where the kernel is a candidate (not before a padded batch's eager path).
+  const bool bf16 = fused.scalar_type() == at::kBFloat16;
+  // The upcast only where the kernel is a candidate (on the CPU; not before a padded batch's
+  // eager path).
   const bool candidate = attn_impl_ == AttnImpl::kAuto && masked.size(0) == 1 && attn_dropout->p < 1.0 &&
                          !fused.is_cuda() && cpu_ops::enabled();
   const auto f32 = candidate && bf16 ? fused.to(at::kFloat) : fused;

@@ -51,7 +51,8 @@ PT_VEC void keep_multipliers(const Drop& d, int64_t e0, int64_t n, float* out) {
     c = std::min(n, 16 - e0 % 16);
     std::memcpy(out, m + e0 % 16, c * sizeof(float));
   }
-  for (; c + 16 <= n; c += 16) dropout_block_multipliers(d.seed, d.threshold, d.scale, (e0 + c) / 16, out + c);  // e0 + c is a block's start
+  for (; c + 16 <= n; c += 16)  // e0 + c is a block's start
+    dropout_block_multipliers(d.seed, d.threshold, d.scale, (e0 + c) / 16, out + c);
   if (c < n) {
     dropout_block_multipliers(d.seed, d.threshold, d.scale, (e0 + c) / 16, m);
     std::memcpy(out + c, m, (n - c) * sizeof(float));

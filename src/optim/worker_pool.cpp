@@ -1,7 +1,7 @@
 // The CPU kernels' thread pool (see worker_pool.h): each job is one OpenMP parallel region.
 #include "polytrain/optim/worker_pool.h"
 
-#include <unistd.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <atomic>
@@ -17,60 +17,40 @@ namespace {
 // run on. A pool of separate threads beside it oversubscribed the cores: after each GEMM OpenMP's
 // workers spin for the next region (GOMP_SPINCOUNT) while the kernel that follows ran on this
 // pool's threads, and the other way round (GPT-2 124M's CPU step was 12% slower).
-class WorkerPool {
- public:
-  void run(RangeFn fn, const void* ctx, int64_t units, int parts, bool team_lost) {
-    std::unique_lock<std::mutex> exclusive(run_mu_, std::try_to_lock);
-    if (parts <= 1 || !exclusive.owns_lock() || team_lost) {
-      fn(ctx, 0, units);
-      return;
-    }
-    const int64_t chunk = (units + parts - 1) / parts;
-#pragma omp parallel num_threads(parts)
-    {
-      // Fewer threads than asked (OMP_THREAD_LIMIT, a nested region) take several parts each.
-      const int threads = omp_get_num_threads();
-      for (int part = omp_get_thread_num(); part < parts; part += threads) {
-        const int64_t begin = std::min(units, part * chunk), end = std::min(units, begin + chunk);
-        if (begin < end) fn(ctx, begin, end);
-      }
-    }
-  }
+std::mutex g_run_mu;  // held by the caller for a whole job
 
- private:
-  std::mutex run_mu_;  // held by the caller for a whole job
-};
-
-/// This process's pool. Never destroyed; a child made by fork() makes a new one and leaves the
-/// old alone (its mutex may have been held by a thread the child does not have).
-WorkerPool& pool() {
-  static std::mutex mu;
-  static WorkerPool* current = nullptr;
-  static pid_t owner = -1;
-  std::lock_guard<std::mutex> lock(mu);
-  const pid_t pid = ::getpid();
-  if (current == nullptr || owner != pid) {
-    current = new WorkerPool;
-    owner = pid;
-  }
-  return *current;
-}
-
-/// The process that started an OpenMP team through this pool (0: none yet). In a child forked
-/// after it, GNU OpenMP would hand a region to team threads the child does not have and wait for
-/// them forever: there the jobs run on the calling thread.
-std::atomic<pid_t> g_team_pid{0};
+// Set before this process's first team. A child forked after it (pthread_atfork) has lost the
+// team: GNU OpenMP would hand a region to threads the child does not have and wait for them
+// forever, so there the jobs run on the calling thread. Its mutex is then never taken either (it
+// may have been held by a thread the child does not have).
+std::atomic<bool> g_team_started{false}, g_team_lost{false};
+const int g_atfork = ::pthread_atfork(nullptr, nullptr, [] {
+  if (g_team_started.load()) g_team_lost.store(true);
+});
 
 }  // namespace
 
 void run(RangeFn fn, const void* ctx, int64_t units, int parts) {
-  const pid_t pid = ::getpid();
-  pid_t team = g_team_pid.load(std::memory_order_relaxed);
-  if (team == 0 && parts > 1) {
-    g_team_pid.compare_exchange_strong(team, pid);
-    team = g_team_pid.load();
+  if (parts <= 1 || g_team_lost.load(std::memory_order_relaxed)) {
+    fn(ctx, 0, units);
+    return;
   }
-  pool().run(fn, ctx, units, parts, team != 0 && team != pid);
+  if (!g_team_started.load(std::memory_order_relaxed)) g_team_started.store(true);  // before the mutex
+  std::unique_lock<std::mutex> exclusive(g_run_mu, std::try_to_lock);
+  if (!exclusive.owns_lock()) {
+    fn(ctx, 0, units);
+    return;
+  }
+  const int64_t chunk = (units + parts - 1) / parts;
+#pragma omp parallel num_threads(parts)
+  {
+    // Fewer threads than asked (OMP_THREAD_LIMIT, a nested region) take several parts each.
+    const int threads = omp_get_num_threads();
+    for (int part = omp_get_thread_num(); part < parts; part += threads) {
+      const int64_t begin = std::min(units, part * chunk), end = std::min(units, begin + chunk);
+      if (begin < end) fn(ctx, begin, end);
+    }
+  }
 }
 
 int parts_for(int64_t units, int64_t grain) {
