@@ -1,12 +1,14 @@
 // C++ side of bench/gpt2_step.sh: GPT-2 forward + backward tokens/s (no optimizer step) of
 // polytrain's Gpt2LMHeadModel on a fixed random batch; gpt2_step_torch.py runs the same model,
 // batch and threads in Python PyTorch. Dropout is off on both sides (the reference has none).
-// Usage: bench_gpt2_step small|tiny STEPS THREADS BATCH SEQ [default|dense|checkpoint|bf16|attention] [profile]
+// Usage: bench_gpt2_step small|tiny STEPS THREADS BATCH SEQ [default|dense|checkpoint|bf16|attention]
+//        [profile|profile_shapes]
 // MODE: default (fused LM loss: no [tokens, vocab] logits), dense (logits + cross_entropy, the
 // Python side's kernels), checkpoint (default + every block recomputed in backward), bf16
 // (default under CPU autocast in bf16, as bf16.enabled runs it: fp32 master weights), attention
 // (one layer's attention alone, eager against the fused kernel, STEPS rounds; no model step).
-// PROFILE ("profile"): the timed steps under LibTorch's profiler; prints each op's self time.
+// PROFILE ("profile"): the timed steps under LibTorch's profiler; prints each op's self time;
+// "profile_shapes": per op, input shapes and dtypes (which GEMM, which cast).
 // THREADS 0: polytrain's default (all the CPUs this process may use).
 // Prints the threads, ms_per_step, tokens_per_s, the step's matmul FLOPs (forward + backward)
 // and the process's peak resident memory.
@@ -43,11 +45,18 @@ namespace {
 
 // Self time per op name (an op's time less its nested ops' on the same thread), ms per step.
 template <typename Events>
-void print_self_times(const Events& events, int steps) {
+void print_self_times(const Events& events, int steps, bool shapes) {
   std::map<uint64_t, std::vector<std::tuple<uint64_t, uint64_t, std::string>>> by_thread;
   for (const auto& e : events) {
     const uint64_t s = start_ns(e, 0);
-    by_thread[e.startThreadId()].emplace_back(s, s + duration_ns(e, 0), e.name());
+    std::string key = e.name();
+    for (const auto& shape : shapes ? e.shapes() : decltype(e.shapes()){}) {
+      key += " [";
+      for (size_t i = 0; i < shape.size(); ++i) key += (i ? "," : "") + std::to_string(shape[i]);
+      key += "]";
+    }
+    for (const auto& d : shapes ? e.dtypes() : decltype(e.dtypes()){}) key += " " + d;
+    by_thread[e.startThreadId()].emplace_back(s, s + duration_ns(e, 0), key);
   }
   std::map<std::string, double> self;
   double total = 0;
@@ -71,7 +80,7 @@ void print_self_times(const Events& events, int steps) {
   for (const auto& [k, ms] : self) rows.emplace_back(ms, k);
   std::sort(rows.rbegin(), rows.rend());
   std::printf("profiled_ms_per_step %.1f\n", total / steps);
-  for (size_t i = 0; i < rows.size() && i < 30; ++i)
+  for (size_t i = 0; i < rows.size() && i < (shapes ? 60u : 30u); ++i)
     std::printf("self %9.2f ms/step  %s\n", rows[i].first / steps, rows[i].second.c_str());
 }
 
@@ -121,7 +130,9 @@ int main(int argc, char** argv) {
   std::printf("threads %d\n", at::get_num_threads());
   const int64_t batch = std::stoll(argv[4]), seq = std::stoll(argv[5]);
   const std::string mode = argc > 6 ? argv[6] : "default";
-  const bool profile = argc > 7 && std::string(argv[7]) == "profile";
+  const std::string profile_arg = argc > 7 ? argv[7] : "";
+  const bool profile = profile_arg == "profile" || profile_arg == "profile_shapes";
+  const bool shapes = profile_arg == "profile_shapes";
   torch::manual_seed(0);
   Gpt2Config c;  // GPT-2 small (124M) by default
   if (size == "tiny") c.n_embd = 128, c.n_layer = 2, c.n_head = 2;
@@ -142,7 +153,7 @@ int main(int argc, char** argv) {
   };
   step();
   const std::set<impl::ActivityType> activities{impl::ActivityType::CPU};
-  const impl::ProfilerConfig config(impl::ProfilerState::KINETO);
+  const impl::ProfilerConfig config(impl::ProfilerState::KINETO, /*report_input_shapes=*/shapes);
   if (profile) {
     prof::prepareProfiler(config, activities);
     prof::enableProfiler(config, activities);
@@ -150,7 +161,7 @@ int main(int argc, char** argv) {
   auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < steps; ++i) step();
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / steps;
-  if (profile) print_self_times(prof::disableProfiler()->events(), steps);
+  if (profile) print_self_times(prof::disableProfiler()->events(), steps, shapes);
   std::printf("ms_per_step %.1f\ntokens_per_s %.1f\n", ms, 1000.0 * batch * seq / ms);
   // Matmul FLOPs: per token and layer 8h^2 (QKV, proj) + 16h^2 (MLP, 4h) + 4 * seq * h
   // (causal scores and context computed in full), the tied head 2hV; backward twice the forward.

@@ -10,6 +10,9 @@
 #include "polytrain/common/config.h"
 #include "polytrain/models/bert.h"
 #include "polytrain/models/fused_lm_loss.h"
+#include "polytrain/models/gpt2.h"
+#include "polytrain/models/tied_embedding.h"
+#include "polytrain/models/tp_layers.h"
 
 using namespace polytrain;
 namespace F = torch::nn::functional;
@@ -111,17 +114,21 @@ TEST(FusedLmLoss, Bf16MatmulsMatchTheReferenceToBf16Rounding) {
   auto b0 = torch::randn({v}, torch::kDouble) * 0.1;
   auto labels = torch::randint(0, v, {n}, torch::kLong);
   labels.masked_fill_(torch::rand({n}) < 0.3, -100);
+  bool with_bias = true;
   auto run = [&](bool fused, int64_t pad = 0) {
     auto h = h0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true), bb = b0.clone().requires_grad_(true);
     at::Tensor loss;
     if (fused) {
-      loss = fused_linear_cross_entropy(h.to(torch::kFloat), w.to(torch::kFloat), bb.to(torch::kFloat), labels, -100, 16,
+      loss = fused_linear_cross_entropy(h.to(torch::kFloat), w.to(torch::kFloat),
+                                        with_bias ? bb.to(torch::kFloat) : at::Tensor(), labels, -100, 16,
                                         torch::kBFloat16, pad);
     } else {
-      loss = F::cross_entropy(F::linear(h, w, bb), labels, F::CrossEntropyFuncOptions().ignore_index(-100));
+      loss = F::cross_entropy(F::linear(h, w, with_bias ? bb : at::Tensor()), labels,
+                              F::CrossEntropyFuncOptions().ignore_index(-100));
     }
     loss.backward();
-    return std::make_tuple(loss.detach().to(torch::kDouble), h.grad(), w.grad(), bb.grad());
+    return std::make_tuple(loss.detach().to(torch::kDouble), h.grad(), w.grad(),
+                           with_bias ? bb.grad() : torch::zeros({1}, torch::kDouble));
   };
   auto [lf, hf, wf, bf] = run(true);
   auto [ld, hd, wd, bd] = run(false);
@@ -135,6 +142,84 @@ TEST(FusedLmLoss, Bf16MatmulsMatchTheReferenceToBf16Rounding) {
   EXPECT_EQ(bp.sizes(), bf.sizes());
   for (auto [got, want] : {std::make_pair(hp, hf), std::make_pair(wp, wf), std::make_pair(bp, bf)})
     EXPECT_TRUE(torch::allclose(got, want, 1e-5, 1e-7));
+  // No bias (GPT-2's head): the CPU pads its bf16 vocabulary inside (300 -> 320) and gives the
+  // padded logits -inf itself.
+  with_bias = false;
+  auto [lf0, hf0, wf0, bf0] = run(true);
+  auto [ld0, hd0, wd0, bd0] = run(false);
+  EXPECT_NEAR(lf0.item<double>(), ld0.item<double>(), 1e-2 * std::abs(ld0.item<double>()));
+  for (auto [got, want] : {std::make_pair(hf0, hd0), std::make_pair(wf0, wd0)})
+    EXPECT_LT((got - want).norm().item<double>() / want.norm().item<double>(), 2e-2);
+}
+
+// An embedding tied to the fused LM head (GPT-2's wte): the head's backward gives the dense
+// [V, H] gradient and the lookup's rows are added into it as a sparse gradient. Against the
+// same weight used through torch::embedding and linear + cross_entropy: the same gradients, a
+// dense .grad, the sparse path taken exactly when the head's gradient is in the same backward
+// (not for a head-less loss, nor for a lookup another forward's head did not come from),
+// padding_idx's row left out, a repeated id summed, and two accumulated backwards summed.
+TEST(FusedLmLoss, TiedEmbeddingGradientIsSparseOnlyBesideTheHeadsDense) {
+  torch::manual_seed(6);
+  const int64_t b = 3, t = 7, hsz = 8, v = 41, pad = 5;
+  auto w0 = torch::randn({v, hsz}, torch::kDouble) * 0.5;
+  auto ids = torch::randint(0, v, {b, t}, torch::kLong);
+  ids[0][0] = pad, ids[1][2] = pad, ids[2][2] = ids[2][3];  // a padded id and a repeated one
+  auto labels = torch::randint(0, v, {b, t}, torch::kLong);
+  auto mix = torch::randn({hsz, hsz}, torch::kDouble);
+  // The model: looked-up rows through a tanh layer into the head; `head` off: a loss without it.
+  auto loss_of = [&](const at::Tensor& w, bool ours, bool head) {
+    auto x = ours ? tied_embedding::lookup(w, ids, pad) : torch::embedding(w, ids, pad);
+    auto hdn = torch::tanh(x.matmul(mix));
+    if (!head) return hdn.pow(2).sum();
+    if (ours) return fused_linear_cross_entropy(hdn, w, at::Tensor(), labels);
+    return F::cross_entropy(F::linear(hdn, w).reshape({-1, v}), labels.reshape({-1}));
+  };
+  for (bool head : {true, false}) {
+    SCOPED_TRACE(head ? "with the head" : "head-less");
+    auto wr = w0.clone().requires_grad_(true), wo = w0.clone().requires_grad_(true);
+    loss_of(wr, false, head).backward();
+    const int64_t before = tied_embedding::sparse_gradients();
+    loss_of(wo, true, head).backward();
+    EXPECT_EQ(tied_embedding::sparse_gradients() - before, head ? 1 : 0);
+    ASSERT_TRUE(wo.grad().defined());
+    EXPECT_EQ(wo.grad().layout(), torch::kStrided);
+    EXPECT_TRUE(torch::allclose(wo.grad(), wr.grad(), 1e-10, 1e-12));
+    // Accumulation: a second backward adds to the dense .grad.
+    loss_of(wr, false, head).backward();
+    loss_of(wo, true, head).backward();
+    EXPECT_EQ(wo.grad().layout(), torch::kStrided);
+    EXPECT_TRUE(torch::allclose(wo.grad(), wr.grad(), 1e-10, 1e-12));
+  }
+  // Two forwards, then their backwards, the head-less one last: each head marks only the
+  // lookups its own hidden states came from, so the second lookup backs up dense.
+  auto wr = w0.clone().requires_grad_(true), wo = w0.clone().requires_grad_(true);
+  auto ra = loss_of(wr, false, true), rb = loss_of(wr, false, false);
+  auto xa = tied_embedding::lookup(wo, ids, pad);
+  auto xb = tied_embedding::lookup(wo, ids, pad);
+  auto oa = fused_linear_cross_entropy(torch::tanh(xa.matmul(mix)), wo, at::Tensor(), labels);
+  auto ob = torch::tanh(xb.matmul(mix)).pow(2).sum();
+  int64_t before = tied_embedding::sparse_gradients();
+  oa.backward();
+  wo.mutable_grad() = at::Tensor();  // the head-less backward starts from no .grad
+  ob.backward();
+  EXPECT_EQ(tied_embedding::sparse_gradients() - before, 1);
+  EXPECT_EQ(wo.grad().layout(), torch::kStrided);
+  rb.backward();
+  EXPECT_TRUE(torch::allclose(wo.grad(), wr.grad(), 1e-10, 1e-12));
+  // Two lookups of the weight under one head (T5's encoder and decoder): both sparse.
+  wr = w0.clone().requires_grad_(true), wo = w0.clone().requires_grad_(true);
+  auto two = [&](const at::Tensor& w, bool ours) {
+    auto look = [&] { return ours ? tied_embedding::lookup(w, ids, pad) : torch::embedding(w, ids, pad); };
+    auto hdn = torch::tanh(look().matmul(mix)) * torch::sigmoid(look());
+    if (ours) return fused_linear_cross_entropy(hdn, w, at::Tensor(), labels);
+    return F::cross_entropy(F::linear(hdn, w).reshape({-1, v}), labels.reshape({-1}));
+  };
+  two(wr, false).backward();
+  before = tied_embedding::sparse_gradients();
+  two(wo, true).backward();
+  EXPECT_EQ(tied_embedding::sparse_gradients() - before, 2);
+  EXPECT_EQ(wo.grad().layout(), torch::kStrided);
+  EXPECT_TRUE(torch::allclose(wo.grad().to_dense(), wr.grad(), 1e-10, 1e-12));
 }
 
 TEST(FusedLmLoss, NoLabelledRowsIsNaNLikeTorch) {

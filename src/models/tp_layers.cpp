@@ -9,6 +9,7 @@
 #include "polytrain/common/error.h"
 #include "polytrain/models/cpu_dropout.h"
 #include "polytrain/models/fused_lm_loss.h"
+#include "polytrain/models/tied_embedding.h"
 
 namespace polytrain {
 
@@ -61,7 +62,7 @@ EmbeddingImpl::EmbeddingImpl(int64_t num_embeddings, int64_t embedding_dim, std:
 }
 
 at::Tensor EmbeddingImpl::forward(const at::Tensor& ids) {
-  if (!(tp.sharded() && tp.style == TpStyle::kVocab)) return torch::embedding(weight, ids, padding_idx.value_or(-1));
+  if (!(tp.sharded() && tp.style == TpStyle::kVocab)) return tied_embedding::lookup(weight, ids, padding_idx.value_or(-1));
   // VocabParallelEmbedding: this rank's rows, zeros for ids another rank owns, summed over ranks.
   const int64_t begin = tp.vocab_begin, end = tp.vocab_begin + tp.vocab_valid;
   auto outside = ids.lt(begin).logical_or(ids.ge(end));
