@@ -1,6 +1,6 @@
 // C++ side of bench/bert_step.sh: per-step time (forward + backward + clip + AdamW) of
 // polytrain's BertForMaskedLM on a fixed random batch, the same model, batch and threads as
-// bert_step_torch.py. Usage: bench_bert_step tiny|base STEPS THREADS [MODE]   (THREADS 0:
+// bert_step_torch.py. Usage: bench_bert_step tiny|base STEPS THREADS [MODE [profile|profile_shapes]] (THREADS 0:
 // polytrain's default, all the CPUs this process may use); bench_bert_step gemm 0 THREADS:
 // this machine's fp32 GEMM rate (gpt2_matmuls: over GPT-2 124M's matmuls); bench_bert_step peaks 0 THREADS: the CPU, the BLAS kernel, the
 // fp32 and bf16 GEMM rates and the cores' fp32 FMA and AMX bf16 peaks (bench/gemm_peak.h).
@@ -13,18 +13,22 @@
 //       bf16 (default under CPU autocast in bf16, as bf16.enabled runs it: fp32 master weights).
 // All give the same loss and gradients to float rounding. Also prints the threads, the matmul
 // FLOPs the mode runs per step (forward + backward = 3x forward) and the process's peak
-// resident memory (getrusage), for bench/activation_memory.sh.
+// resident memory (getrusage), for bench/activation_memory.sh. profile: the timed steps under
+// LibTorch's profiler, each op's self time (profile_shapes: per input shapes and dtypes).
 #include <sys/resource.h>
 
 #include <chrono>
 #include <cstdio>
 #include <functional>
 #include <optional>
+#include <set>
 #include <string>
 
+#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
 
 #include "gemm_peak.h"
+#include "kineto_times.h"
 #include "polytrain/common/autocast.h"
 #include "polytrain/common/blas_kernel.h"
 #include "polytrain/common/config.h"
@@ -128,9 +132,20 @@ int main(int argc, char** argv) {
     opt->zero_grad();
   };
   step();
+  namespace prof = torch::autograd::profiler;
+  namespace impl = torch::profiler::impl;
+  const std::string profile_arg = argc > 5 ? argv[5] : "";
+  const bool profile = profile_arg == "profile" || profile_arg == "profile_shapes";
+  const std::set<impl::ActivityType> activities{impl::ActivityType::CPU};
+  const impl::ProfilerConfig config(impl::ProfilerState::KINETO, /*report_input_shapes=*/profile_arg == "profile_shapes");
+  if (profile) {
+    prof::prepareProfiler(config, activities);
+    prof::enableProfiler(config, activities);
+  }
   auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < steps; ++i) step();
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / steps;
+  if (profile) bench::print_self_times(prof::disableProfiler()->events(), steps, profile_arg == "profile_shapes");
   std::printf("ms_per_step %s %.2f\n", size.c_str(), ms);
   // Matmul FLOPs of a dense step: per token and layer 8h^2 (Q, K, V, O) + 4hI (FFN) + 4sh
   // (scores, context); the head 2h^2 + 2hV per scored token; backward twice the forward.

@@ -105,6 +105,55 @@ TEST(CpuGemmEngine, ThisProcessRunsThisMachinesChoice) {
       << cpu_gemm::describe();
 }
 
+// oneDNN's bf16 GEMM API for the LM head's backward: on AVX512-BF16 CPUs without AMX (Zen 4,
+// Zen 5), with oneDNN built in and its engine chosen; on AMX CPUs ATen's bf16 matmul (oneDNN's
+// primitive on the tiles) stays.
+TEST(CpuGemmEngine, Bf16GemmOnAvx512Bf16WithoutAmx) {
+  using cpu_gemm::bf16_gemm_fits;
+  for (const char* f : {"amd_epyc_zen4_25_17.txt", "amd_epyc_zen5_26_2.txt"}) {
+    EXPECT_TRUE(bf16_gemm_fits(recorded(f), true, Engine::kOneDnn)) << f;
+    EXPECT_FALSE(bf16_gemm_fits(recorded(f), false, Engine::kOneDnn)) << f;
+    EXPECT_FALSE(bf16_gemm_fits(recorded(f), true, Engine::kBlas)) << f;
+  }
+  for (const char* f : {"intel_xeon_6_167_amx.txt", "intel_xeon_6_207_amx.txt", "intel_xeon_broadwell_avx2_6_79.txt",
+                        "amd_epyc_zen3_25_1.txt"})
+    EXPECT_FALSE(bf16_gemm_fits(recorded(f), true, Engine::kOneDnn)) << f;
+}
+
+// This machine: available exactly where it fits (Debian's oneDNN exports the GEMM); where it
+// runs, every operand orientation and beta 0 / 1 against fp32 products of the same bf16
+// operands (fp32 accumulation both); elsewhere a call is a clear error, not a wrong result.
+TEST(CpuGemmEngine, Bf16GemmMatchesFp32ProductsOfTheSameOperands) {
+  const bool fits = cpu_gemm::bf16_gemm_fits(host_cpu_features(), cpu_gemm::have_onednn(), cpu_gemm::engine());
+  EXPECT_EQ(cpu_gemm::bf16_gemm_available(), fits);
+  const int64_t m = 37, n = 29, k = 301;
+  auto c = torch::zeros({m, n});
+  if (!fits) {
+    const auto a = torch::zeros({m, k}, at::kBFloat16), b = torch::zeros({k, n}, at::kBFloat16);
+    EXPECT_THROW(cpu_gemm::gemm_bf16('N', 'N', m, n, k, 1.0f, a.data_ptr<at::BFloat16>(), k,
+                                     b.data_ptr<at::BFloat16>(), n, 0.0f, c.data_ptr<float>(), n),
+                 c10::Error);
+    return;
+  }
+  for (char ta : {'N', 'T'}) {
+    for (char tb : {'N', 'T'}) {
+      const auto a = (ta == 'N' ? torch::randn({m, k}) : torch::randn({k, m})).to(at::kBFloat16);
+      const auto b = (tb == 'N' ? torch::randn({k, n}) : torch::randn({n, k})).to(at::kBFloat16);
+      const auto want_ab = at::mm(ta == 'N' ? a.to(at::kDouble) : a.to(at::kDouble).t(),
+                                  tb == 'N' ? b.to(at::kDouble) : b.to(at::kDouble).t());
+      const auto c0 = torch::randn({m, n});
+      for (float beta : {0.0f, 1.0f}) {
+        c.copy_(c0);
+        if (beta == 0.0f) c.fill_(std::numeric_limits<float>::quiet_NaN());  // beta 0 ignores C
+        cpu_gemm::gemm_bf16(ta, tb, m, n, k, 0.5f, a.data_ptr<at::BFloat16>(), a.size(1), b.data_ptr<at::BFloat16>(),
+                            b.size(1), beta, c.data_ptr<float>(), n);
+        const auto want = 0.5 * want_ab + beta * c0.to(at::kDouble);
+        EXPECT_LT((c.to(at::kDouble) - want).abs().max().item<double>(), 1e-3) << ta << tb << " beta " << beta;
+      }
+    }
+  }
+}
+
 TEST(CpuGemmEngine, AnUnknownNameIsAnInputErrorNamingTheVariable) {
   const char* old = std::getenv("POLYTRAIN_GEMM");
   const std::string saved = old ? old : "";

@@ -13,6 +13,7 @@
 #include "polytrain/models/gpt2.h"
 #include "polytrain/models/tied_embedding.h"
 #include "polytrain/models/tp_layers.h"
+#include "polytrain/ops/cpu_gemm.h"
 
 using namespace polytrain;
 namespace F = torch::nn::functional;
@@ -105,9 +106,18 @@ TEST(FusedLmLoss, UnitSeedTiedWeightAndAKeptGraph) {
   EXPECT_THROW(loss.backward(), c10::Error);
 }
 
-// The GPU's bf16 path (matmuls in bf16, log-softmax and accumulators in fp32), run on the CPU:
-// against the float64 dense reference to bf16 rounding.
-TEST(FusedLmLoss, Bf16MatmulsMatchTheReferenceToBf16Rounding) {
+// The bf16 path (matmuls in bf16, log-softmax and accumulators in fp32) on the CPU: against the
+// float64 dense reference to bf16 rounding. Both CPU forms: oneDNN's bf16 GEMM API for the
+// backward products where it runs (AVX512-BF16 without AMX), and ATen's bf16 matmul with the
+// vocabulary padded inside (the blas engine; the only form on other CPUs).
+class FusedLmLossBf16 : public ::testing::TestWithParam<cpu_gemm::Engine> {};
+
+TEST_P(FusedLmLossBf16, MatmulsMatchTheReferenceToBf16Rounding) {
+  const auto engine_before = cpu_gemm::set_engine(GetParam());
+  struct Restore {
+    cpu_gemm::Engine e;
+    ~Restore() { cpu_gemm::set_engine(e); }
+  } restore{engine_before};
   torch::manual_seed(4);
   const int64_t n = 40, hsz = 32, v = 300;
   auto h0 = torch::randn({n, hsz}, torch::kDouble), w0 = torch::randn({v, hsz}, torch::kDouble) * 0.3;
@@ -151,6 +161,9 @@ TEST(FusedLmLoss, Bf16MatmulsMatchTheReferenceToBf16Rounding) {
   for (auto [got, want] : {std::make_pair(hf0, hd0), std::make_pair(wf0, wd0)})
     EXPECT_LT((got - want).norm().item<double>() / want.norm().item<double>(), 2e-2);
 }
+
+INSTANTIATE_TEST_SUITE_P(Engines, FusedLmLossBf16, ::testing::Values(cpu_gemm::Engine::kOneDnn, cpu_gemm::Engine::kBlas),
+                         [](const auto& info) { return info.param == cpu_gemm::Engine::kOneDnn ? "onednn" : "blas"; });
 
 // An embedding tied to the fused LM head (GPT-2's wte): the head's backward gives the dense
 // [V, H] gradient and the lookup's rows are added into it as a sparse gradient. Against the

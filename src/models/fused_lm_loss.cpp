@@ -9,6 +9,7 @@
 
 #include "polytrain/common/autocast.h"
 #include "polytrain/common/error.h"
+#include "polytrain/ops/cpu_gemm.h"
 #include "polytrain/ops/cpu_ops.h"
 #include "polytrain/ops/cuda_ops.h"
 
@@ -43,15 +44,41 @@ void alloc_grads(Grads* g, const at::Tensor& h, const at::Tensor& w, const at::T
 
 // The CPU's bf16 chunks (hm: the rows already in bf16): the cross-entropy chain is one kernel
 // in place on the logits, which become their own gradient (row weight applied); dW is written by
-// the first chunk and accumulated in fp32 after. The vocabulary is padded to a multiple of 64
-// inside (zero weight rows, -inf logits: the same loss and gradients) and dh is formed as
-// (W^T G^T)^T: oneDNN's bf16 GEMMs at GPT-2's 50257 rows ran the head's dW at 660 GFLOP/s and
-// its dh at 700, against 890 and 860 so (Zen 5, 2 threads, 1020 x 50257 x 768; the forward's
-// 920 either way).
+// the first chunk and accumulated in fp32 after. Where oneDNN's bf16 GEMM API runs
+// (cpu_gemm::bf16_gemm_available: AVX512-BF16 without AMX), dh and dW come from it in fp32
+// straight into their buffers. Elsewhere ATen's bf16 matmul runs them: the vocabulary is padded
+// to a multiple of 64 inside (zero weight rows, -inf logits: the same loss and gradients) and
+// dh is formed as (W^T G^T)^T, which at GPT-2's 50257 rows took oneDNN's matmul primitive from
+// 660 to 890 GFLOP/s (dW) and from 700 to 860 (dh) (Zen 5, 2 threads, 1020 x 50257 x 768).
 at::Tensor reduced_cpu_chunks(const at::Tensor& hm, const at::Tensor& w, const at::Tensor& b, const at::Tensor& y,
                               const at::Tensor& row_weight, int64_t chunk, bool need_h, bool need_w, Grads* g,
                               at::ScalarType reduced, at::Tensor loss) {
-  const int64_t n = hm.size(0), v = w.size(0), vp = (v + 63) / 64 * 64;
+  const int64_t n = hm.size(0), v = w.size(0), hsz = hm.size(1);
+  const bool direct = cpu_gemm::bf16_gemm_available() && hm.is_contiguous() &&
+                      (!g || ((!need_w || g->dw.is_contiguous()) && (!need_h || g->dh.is_contiguous())));
+  if (direct) {
+    // dW and dh straight into their fp32 buffers, no padding: oneDNN's bf16 GEMM API runs the
+    // head's backward products at 50257 rows near the forward's rate (cpu_gemm.h).
+    const auto wm = w.to(reduced).contiguous(), wmt = wm.t();
+    const auto bm = b.defined() ? b.to(reduced) : b;
+    for (int64_t i = 0; i < n; i += chunk) {
+      const int64_t c = std::min(chunk, n - i);
+      auto hc = hm.narrow(0, i, c);
+      auto gl = (bm.defined() ? at::addmm(bm, hc, wmt) : at::mm(hc, wmt)).contiguous();
+      loss.add_(cpu_ops::xent_grad_(gl, y.narrow(0, i, c), row_weight.narrow(0, i, c), g != nullptr).sum());
+      if (!g) continue;
+      if (g->db.defined()) g->db.add_(gl.sum(0, false, at::kFloat));
+      const auto* gp = gl.data_ptr<at::BFloat16>();
+      if (need_h)
+        cpu_gemm::gemm_bf16('N', 'N', c, hsz, v, 1.0f, gp, v, wm.data_ptr<at::BFloat16>(), hsz, 0.0f,
+                            g->dh.data_ptr<float>() + i * hsz, hsz);
+      if (need_w)
+        cpu_gemm::gemm_bf16('T', 'N', v, hsz, c, 1.0f, gp, v, hc.data_ptr<at::BFloat16>(), hsz, i == 0 ? 0.0f : 1.0f,
+                            g->dw.data_ptr<float>(), hsz);
+    }
+    return loss;
+  }
+  const int64_t vp = (v + 63) / 64 * 64;
   at::Tensor wm, bm = b.defined() ? b.to(reduced) : b;
   if (vp == v) {
     wm = w.to(reduced);

@@ -62,6 +62,15 @@ SgemmFn blas_sgemm() {
   return fn;
 }
 
+// oneDNN's bf16 GEMM: exported by libdnnl (DNNL_API) without a declaration in its public
+// headers, so found at run time; null where this oneDNN has none.
+using Bf16GemmFn = int (*)(char, char, int64_t, int64_t, int64_t, float, const uint16_t*, int64_t, const uint16_t*,
+                           int64_t, float, float*, int64_t);
+Bf16GemmFn dnnl_bf16_gemm() {
+  static const auto fn = reinterpret_cast<Bf16GemmFn>(POLYTRAIN_WITH_DNNL ? dlsym(RTLD_DEFAULT, "dnnl_gemm_bf16bf16f32") : nullptr);
+  return fn;
+}
+
 // OpenMP's thread count of the calling thread, from the runtime libtorch loaded (null without one).
 using OmpGetFn = int (*)();
 using OmpSetFn = void (*)(int);
@@ -339,6 +348,23 @@ void sgemm(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k, float al
   PT_CHECK(e == Engine::kOneDnn || blas_sgemm(), "cpu_gemm::sgemm: no BLAS sgemm_ in this process");
   PT_CHECK(e == Engine::kOneDnn || fits_blas_ints({m, n, k, lda, ldb, ldc}), "cpu_gemm::sgemm: a size exceeds the BLAS's int");
   gemm(e, Operand{a, trans_a, lda}, Operand{b, trans_b, ldb}, m, n, k, alpha, beta, c, ldc);
+}
+
+bool bf16_gemm_fits(const CpuFeatures& cpu, bool with_onednn, Engine e) {
+  return with_onednn && e == Engine::kOneDnn && cpu.avx512_bf16 && !cpu.amx_bf16;
+}
+
+bool bf16_gemm_available() {
+  static const bool cpu_fits = bf16_gemm_fits(host_cpu_features(), have_onednn(), Engine::kOneDnn);
+  return cpu_fits && dnnl_bf16_gemm() && current().load(std::memory_order_relaxed) == Engine::kOneDnn;
+}
+
+void gemm_bf16(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k, float alpha, const c10::BFloat16* a,
+               int64_t lda, const c10::BFloat16* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  PT_CHECK(bf16_gemm_available(), "cpu_gemm::gemm_bf16: oneDNN's bf16 GEMM does not run here");
+  const int st = dnnl_bf16_gemm()(trans_a, trans_b, m, n, k, alpha, reinterpret_cast<const uint16_t*>(a), lda,
+                                  reinterpret_cast<const uint16_t*>(b), ldb, beta, c, ldc);
+  TORCH_CHECK(st == 0, "oneDNN bf16 gemm failed with status ", st);
 }
 
 Engine choose_engine(const CpuFeatures& cpu, bool with_onednn, const char* env) {
