@@ -38,12 +38,11 @@ echo "== (2) loss over $STEPS steps (log every 20), fp32 vs bf16"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 for prog in bert gpt2; do
   cfg=configs/bert_tiny.json; [[ $prog == gpt2 ]] && cfg=configs/gpt2_tiny.json
-  /usr/bin/python3 -c "import json,sys; c=json.load(open('$cfg')); c['bf16']={'enabled': True}; json.dump(c, open('$tmp/bf16.json','w'))"
   for p in fp32 bf16; do
-    c=$cfg; [[ $p == bf16 ]] && c=$tmp/bf16.json
+    flag=(); [[ $p == bf16 ]] && flag=(--bf16)
     s=$(date +%s.%N)
-    "$BUILD/train_$prog" --config "$c" --max_steps "$STEPS" --log_interval 20 --eval_interval "$STEPS" --save_interval 0 \
-      --no_progress_bar --experiments_dir "$tmp/exp" > "$tmp/$prog.$p.log"
+    "$BUILD/train_$prog" --config "$cfg" "${flag[@]}" --max_steps "$STEPS" --log_interval 20 --eval_interval "$STEPS" \
+      --save_interval 0 --no_progress_bar --experiments_dir "$tmp/exp" > "$tmp/$prog.$p.log"
     echo "$prog $p: $(awk -v s="$s" 'BEGIN{"date +%s.%N" | getline e; printf "%.1f", e - s}') s" >> "$tmp/times"
   done
   paste <(awk '/^step /{for(i=1;i<=NF;i++) if($i=="loss") print $(i+1)}' "$tmp/$prog.fp32.log") \

@@ -19,6 +19,7 @@
 #include "polytrain/common/autocast.h"
 #include "polytrain/models/cpu_dropout.h"
 #include "polytrain/models/fused_lm_loss.h"
+#include "polytrain/common/error.h"
 #include "polytrain/ops/cpu_ops.h"
 #include "polytrain/optim/worker_pool.h"
 
@@ -145,6 +146,34 @@ TEST(CpuOps, GeluPropagatesNan) {
   auto y = cpu_ops::gelu_tanh(x);
   EXPECT_TRUE(std::isnan(y[1].item<float>()));
   EXPECT_FALSE(std::isnan(y[0].item<float>()));
+}
+
+// The gradient norm's sum of squares: against float64 for sizes around the 16-lane vectors and
+// the 4096-element blocks, fp32 and bf16, AVX-512 and AVX2 alike; a value whose fp32 square
+// would overflow sums finite (squares in double); NaN and inf come through.
+TEST(CpuOps, SumOfSquaresMatchesFloat64) {
+  KernelsOn on;
+  const int top = cpu_ops::set_vector_level(-1);
+  for (int level : {0, 1, 2}) {
+    if (level > top) continue;
+    cpu_ops::set_vector_level(level);
+    for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{15}, int64_t{17}, int64_t{4095}, int64_t{4097}, int64_t{100003}}) {
+      for (auto dtype : {at::kFloat, at::kBFloat16}) {
+        const auto x = (torch::randn({n}) * 3).to(dtype);
+        const double want = x.to(at::kDouble).pow(2).sum().item<double>();
+        EXPECT_NEAR(cpu_ops::sum_of_squares(x), want, 1e-12 * want) << "level " << level << " n " << n;
+      }
+    }
+  }
+  cpu_ops::set_vector_level(-1);
+  auto big = torch::ones({5000});
+  big[4500] = 1e20f;
+  EXPECT_NEAR(cpu_ops::sum_of_squares(big), 1e40 + 4999, 1e34);
+  big[10] = std::numeric_limits<float>::infinity();
+  EXPECT_TRUE(std::isinf(cpu_ops::sum_of_squares(big)));
+  big[10] = std::nanf("");
+  EXPECT_TRUE(std::isnan(cpu_ops::sum_of_squares(big)));
+  EXPECT_THROW(cpu_ops::sum_of_squares(torch::ones({4, 4}).t().narrow(0, 0, 2)), InternalError);
 }
 
 namespace {

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -206,6 +207,44 @@ void run_accumulate(const void* ctx, int64_t v0, int64_t v1) {
     for (int64_t i = whole * kLanes; i < j.n; ++i) j.dst[i] += to_float(j.src[i]);
 }
 
+constexpr int64_t kSquaresBlock = 4096;  // elements per fp32 partial sum
+
+struct SquaresJob {
+  const void* x;
+  bool bf16;
+  int64_t n;
+  double* block_sums;  // one per block
+};
+
+typedef double vd __attribute__((vector_size(kLanes * sizeof(double))));  // 16 doubles
+
+template <typename T>
+struct SquaresBody {
+  template <int Isa>
+  static PT_VEC void run(const SquaresJob& j, int64_t b0, int64_t b1) {
+    const T* x = static_cast<const T*>(j.x);
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t begin = b * kSquaresBlock, end = std::min(j.n, begin + kSquaresBlock);
+      const int64_t whole = begin + (end - begin) / kLanes * kLanes;
+      vd acc{};
+      for (int64_t i = begin; i < whole; i += kLanes) {
+        const vd v = __builtin_convertvector(load(x + i), vd);
+        acc += v * v;
+      }
+      double sum = 0.0;
+      for (int k = 0; k < kLanes; ++k) sum += acc[k];
+      for (int64_t i = whole; i < end; ++i) sum += static_cast<double>(to_float(x[i])) * to_float(x[i]);
+      j.block_sums[b] = sum;
+    }
+  }
+};
+
+void run_squares(const void* ctx, int64_t b0, int64_t b1) {
+  const SquaresJob& j = *static_cast<const SquaresJob*>(ctx);
+  if (j.bf16) dispatch<SquaresBody<uint16_t>>(j, b0, b1);
+  else dispatch<SquaresBody<float>>(j, b0, b1);
+}
+
 bool env_enabled() {
   const char* v = std::getenv("POLYTRAIN_CPU_KERNELS");
   return !(v && std::string(v) == "0");
@@ -269,6 +308,20 @@ void accumulate_(at::Tensor& dst, const at::Tensor& src) {
   const AccumulateJob job{dst.data_ptr<float>(), static_cast<const uint16_t*>(s.data_ptr()), dst.numel()};
   const int64_t units = (job.n + kLanes - 1) / kLanes;
   cpu_pool::run(run_accumulate, &job, units, cpu_pool::parts_for(units, 4096));
+}
+
+double sum_of_squares(const at::Tensor& x) {
+  PT_CHECK(enabled() && x.device().is_cpu() && x.is_contiguous() &&
+               (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+           "cpu_ops::sum_of_squares: x must be a contiguous fp32 or bf16 CPU tensor");
+  const int64_t n = x.numel(), blocks = (n + kSquaresBlock - 1) / kSquaresBlock;
+  if (n == 0) return 0.0;
+  std::vector<double> sums(blocks);
+  const SquaresJob job{x.data_ptr(), x.scalar_type() == at::kBFloat16, n, sums.data()};
+  cpu_pool::run(run_squares, &job, blocks, cpu_pool::parts_for(blocks, 16));
+  double total = 0.0;
+  for (double s : sums) total += s;
+  return total;
 }
 
 }  // namespace polytrain::cpu_ops

@@ -58,4 +58,10 @@ at::Tensor causal_attention(const at::Tensor& qkv, int64_t heads, double scale, 
 /// fp32 copy of src that ATen's mixed-dtype add_ makes first. Enabled kernels only.
 void accumulate_(at::Tensor& dst, const at::Tensor& src);
 
+/// The sum of the squares of a contiguous fp32 or bf16 CPU tensor's elements, each squared and
+/// summed in double as ATen's to(double).pow(2).sum() (so a sum over another split of the same
+/// elements differs by double rounding only: ZeRO's stages agree bit for bit), in one pass on
+/// all threads instead of three passes and a double copy. Enabled kernels only.
+double sum_of_squares(const at::Tensor& x);
+
 }  // namespace polytrain::cpu_ops
