@@ -42,6 +42,35 @@ void alloc_grads(Grads* g, const at::Tensor& h, const at::Tensor& w, const at::T
   if (need_b && b.defined()) g->db = at::zeros_like(b);
 }
 
+// The vocabulary padded to a multiple of `multiple` rows of the weight (zeros) with -inf in
+// the bias's padded entries: their logits get probability 0, so loss and gradients are the
+// unpadded ones. dtype: the padded copies' (the weight's own when unset). On a GPU a vocabulary like GPT-2's 50257 leaves every row of the [rows, V]
+// logits misaligned and cuBLAS falls back to its slowest (align1) kernels: at 50304 the LM head's
+// three GEMMs run at full speed (nanoGPT's and llm.c's padded vocabulary; inductor pads too).
+struct Padded {
+  at::Tensor w, b;
+  int64_t vocab = 0;  ///< the real vocabulary; 0 when nothing was padded
+};
+
+Padded pad_vocab(const at::Tensor& w, const at::Tensor& b, int64_t multiple,
+                 std::optional<at::ScalarType> dtype = std::nullopt) {
+  const at::ScalarType t = dtype.value_or(w.scalar_type());
+  Padded p{w.to(t), b.defined() ? b.to(t) : b, 0};
+  const int64_t v = w.size(0);
+  if (multiple <= 1 || v % multiple == 0) return p;
+  const int64_t vp = (v + multiple - 1) / multiple * multiple;
+  p.vocab = v;
+  p.w = at::empty({vp, w.size(1)}, w.options().dtype(t));
+  p.w.narrow(0, 0, v).copy_(w);  // the cast to dtype in the same pass
+  p.w.narrow(0, v, vp - v).zero_();
+  p.b = at::full({vp}, -std::numeric_limits<double>::infinity(), w.options().dtype(t));
+  if (b.defined())
+    p.b.narrow(0, 0, v).copy_(b);
+  else
+    p.b.narrow(0, 0, v).zero_();
+  return p;
+}
+
 // The CPU's bf16 chunks (hm: the rows already in bf16): the cross-entropy chain is one kernel
 // in place on the logits, which become their own gradient (row weight applied); dW is written by
 // the first chunk and accumulated in fp32 after. Where oneDNN's bf16 GEMM API runs
@@ -56,44 +85,11 @@ at::Tensor reduced_cpu_chunks(const at::Tensor& hm, const at::Tensor& w, const a
   const int64_t n = hm.size(0), v = w.size(0), hsz = hm.size(1);
   const bool direct = cpu_gemm::bf16_gemm_available() && hm.is_contiguous() &&
                       (!g || ((!need_w || g->dw.is_contiguous()) && (!need_h || g->dh.is_contiguous())));
-  if (direct) {
-    // dW and dh straight into their fp32 buffers, no padding: oneDNN's bf16 GEMM API runs the
-    // head's backward products at 50257 rows near the forward's rate (cpu_gemm.h).
-    const auto wm = w.to(reduced).contiguous(), wmt = wm.t();
-    const auto bm = b.defined() ? b.to(reduced) : b;
-    for (int64_t i = 0; i < n; i += chunk) {
-      const int64_t c = std::min(chunk, n - i);
-      auto hc = hm.narrow(0, i, c);
-      auto gl = (bm.defined() ? at::addmm(bm, hc, wmt) : at::mm(hc, wmt)).contiguous();
-      loss.add_(cpu_ops::xent_grad_(gl, y.narrow(0, i, c), row_weight.narrow(0, i, c), g != nullptr).sum());
-      if (!g) continue;
-      if (g->db.defined()) g->db.add_(gl.sum(0, false, at::kFloat));
-      const auto* gp = gl.data_ptr<at::BFloat16>();
-      if (need_h)
-        cpu_gemm::gemm_bf16('N', 'N', c, hsz, v, 1.0f, gp, v, wm.data_ptr<at::BFloat16>(), hsz, 0.0f,
-                            g->dh.data_ptr<float>() + i * hsz, hsz);
-      if (need_w)
-        cpu_gemm::gemm_bf16('T', 'N', v, hsz, c, 1.0f, gp, v, hc.data_ptr<at::BFloat16>(), hsz, i == 0 ? 0.0f : 1.0f,
-                            g->dw.data_ptr<float>(), hsz);
-    }
-    return loss;
-  }
-  const int64_t vp = (v + 63) / 64 * 64;
-  at::Tensor wm, bm = b.defined() ? b.to(reduced) : b;
-  if (vp == v) {
-    wm = w.to(reduced);
-  } else {
-    auto padded = at::empty({vp, w.size(1)}, w.options().dtype(reduced));
-    padded.narrow(0, 0, v).copy_(w);
-    padded.narrow(0, v, vp - v).zero_();
-    wm = padded;
-    if (bm.defined()) {
-      auto pb = at::full({vp}, -std::numeric_limits<double>::infinity(), bm.options());
-      pb.narrow(0, 0, v).copy_(bm);
-      bm = pb;
-    }
-  }
-  const auto wmt = wm.t();
+  const auto p = pad_vocab(w, b, direct ? 1 : 64, reduced);
+  const int64_t vp = p.w.size(0);
+  // Without a bias of its own (GPT-2's head) the padded logits get -inf from a fill, not from a
+  // bias added by every product.
+  const at::Tensor wm = p.w.contiguous(), wmt = wm.t(), bm = b.defined() ? p.b : at::Tensor();
   for (int64_t i = 0; i < n; i += chunk) {
     const int64_t c = std::min(chunk, n - i);
     auto hc = hm.narrow(0, i, c);
@@ -102,6 +98,16 @@ at::Tensor reduced_cpu_chunks(const at::Tensor& hm, const at::Tensor& w, const a
     loss.add_(cpu_ops::xent_grad_(gl, y.narrow(0, i, c), row_weight.narrow(0, i, c), g != nullptr).sum());
     if (!g) continue;
     if (g->db.defined()) g->db.add_(gl.narrow(1, 0, v).sum(0, false, at::kFloat));
+    if (direct) {  // fp32 straight into the gradients (vp == v)
+      const auto* gp = gl.data_ptr<at::BFloat16>();
+      if (need_h)
+        cpu_gemm::gemm_bf16('N', 'N', c, hsz, v, 1.0f, gp, v, wm.data_ptr<at::BFloat16>(), hsz, 0.0f,
+                            g->dh.data_ptr<float>() + i * hsz, hsz);
+      if (need_w)
+        cpu_gemm::gemm_bf16('T', 'N', v, hsz, c, 1.0f, gp, v, hc.data_ptr<at::BFloat16>(), hsz, i == 0 ? 0.0f : 1.0f,
+                            g->dw.data_ptr<float>(), hsz);
+      continue;
+    }
     if (need_h) g->dh.narrow(0, i, c).copy_(at::mm(wmt, gl.t()).t());
     if (!need_w) continue;
     auto dw = at::mm(gl.t(), hc).narrow(0, 0, v);
@@ -284,32 +290,6 @@ at::Tensor finish(const at::Tensor& sum, const Rows& r, at::ScalarType dtype) {
   if (r.count.defined()) return at::where(r.count.gt(0), sum, at::full({}, std::nan(""), sum.options())).to(dtype);
   auto loss = r.labelled > 0 ? sum : at::full({}, std::nan(""), sum.options());
   return loss.to(dtype);
-}
-
-// The vocabulary padded to a multiple of `multiple` rows of the weight (zeros) with -inf in
-// the bias's padded entries: their logits get probability 0, so loss and gradients are the
-// unpadded ones. On a GPU a vocabulary like GPT-2's 50257 leaves every row of the [rows, V]
-// logits misaligned and cuBLAS falls back to its slowest (align1) kernels: at 50304 the LM head's
-// three GEMMs run at full speed (nanoGPT's and llm.c's padded vocabulary; inductor pads too).
-struct Padded {
-  at::Tensor w, b;
-  int64_t vocab = 0;  ///< the real vocabulary; 0 when nothing was padded
-};
-
-Padded pad_vocab(const at::Tensor& w, const at::Tensor& b, int64_t multiple) {
-  Padded p{w, b, 0};
-  const int64_t v = w.size(0);
-  if (multiple <= 1 || v % multiple == 0) return p;
-  const int64_t vp = (v + multiple - 1) / multiple * multiple;
-  p.vocab = v;
-  p.w = at::zeros({vp, w.size(1)}, w.options());
-  p.w.narrow(0, 0, v).copy_(w);
-  p.b = at::full({vp}, -std::numeric_limits<double>::infinity(), w.options());
-  if (b.defined())
-    p.b.narrow(0, 0, v).copy_(b);
-  else
-    p.b.narrow(0, 0, v).zero_();
-  return p;
 }
 
 int64_t pad_multiple(const at::Tensor& hidden, int64_t asked) { return asked > 0 ? asked : hidden.is_cuda() ? 64 : 1; }

@@ -207,7 +207,7 @@ void run_accumulate(const void* ctx, int64_t v0, int64_t v1) {
     for (int64_t i = whole * kLanes; i < j.n; ++i) j.dst[i] += to_float(j.src[i]);
 }
 
-constexpr int64_t kSquaresBlock = 4096;  // elements per fp32 partial sum
+constexpr int64_t kSquaresBlock = 4096;  // elements per partial sum (one pool unit)
 
 struct SquaresJob {
   const void* x;
@@ -311,9 +311,7 @@ void accumulate_(at::Tensor& dst, const at::Tensor& src) {
 }
 
 double sum_of_squares(const at::Tensor& x) {
-  PT_CHECK(enabled() && x.device().is_cpu() && x.is_contiguous() &&
-               (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
-           "cpu_ops::sum_of_squares: x must be a contiguous fp32 or bf16 CPU tensor");
+  PT_CHECK(handles(x) && x.is_contiguous(), "cpu_ops::sum_of_squares: x must be a contiguous fp32 or bf16 CPU tensor");
   const int64_t n = x.numel(), blocks = (n + kSquaresBlock - 1) / kSquaresBlock;
   if (n == 0) return 0.0;
   std::vector<double> sums(blocks);

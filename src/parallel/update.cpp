@@ -47,8 +47,7 @@ double grad_sq_sum(const std::vector<at::Tensor>& params) {
   for (const auto& g : grads) {
     // On the CPU one pass per gradient (cpu_ops::sum_of_squares) instead of a float64 copy,
     // its square and its sum: BERT-base's gradients 76 -> 25 ms at 2 threads (Zen 5).
-    if (cpu_ops::enabled() && g.device().is_cpu() && g.is_contiguous() &&
-        (g.scalar_type() == at::kFloat || g.scalar_type() == at::kBFloat16))
+    if (cpu_ops::handles(g) && g.is_contiguous())
       cpu_sum += cpu_ops::sum_of_squares(g);
     else
       sums.push_back(g.to(torch::kDouble).pow(2).sum());
